@@ -1,0 +1,21 @@
+# frozen_string_literal: true
+
+require_relative "lib/blackbuck/version"
+
+Gem::Specification.new do |s|
+  s.name        = "blackbuck"
+  s.version     = Blackbuck::VERSION
+  s.summary     = "A fast preforking Rack server with a C HTTP/1.1 engine, and a UNIX-socket-capable load generator"
+  s.description = "Blackbuck serves Rack 2 and Rack 3 apps from preforked workers that each watch all their " \
+                  "connections with epoll, so idle keep-alive or slow clients never tie a worker up."
+  s.authors     = ["Blackbuck developers"]
+  s.license     = "MIT"
+  s.required_ruby_version = ">= 3.1"
+  s.files       = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "loadgen/**/*.{c,h}", "loadgen/Makefile",
+                      "exe/*", "docs/*.md", "README.md", "demo/*"]
+  s.bindir      = "exe"
+  s.executables = %w[blackbuck blackbuck-load]
+  s.extensions  = ["ext/blackbuck/extconf.rb"]
+  s.require_paths = ["lib"]
+  s.add_dependency "rack", ">= 2.2", "< 4"
+end

@@ -1,0 +1,884 @@
+/*
+ * bb_conn.c - Blackbuck::Native::Conn: one client connection of a worker.
+ *
+ * It owns the socket (a raw non-blocking fd), the read buffer, the request-body
+ * framing state and any response bytes the client has not accepted yet. The worker
+ * (Ruby) drives it:
+ *
+ *   fill          -> n > 0 bytes read | 0 EOF or error | nil would block
+ *   parse         -> env Hash | nil incomplete | Integer HTTP status (bad request)
+ *   body_take     -> String of body bytes now available | Integer status (bad body)
+ *   write_response(status, headers, body_array_or_nil)
+ *                 -> WRITE_DONE | WRITE_PENDING (rest buffered, wait for OUT)
+ *                    | STREAM_CHUNKED / STREAM_RAW (head sent, caller writes the body)
+ *                    | WRITE_FAILED
+ *   write_part / finish_body (streaming, waits up to write_timeout_ms), flush,
+ *   write_error(status), write_continue, close
+ */
+#include "bb_ext.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+/* iovecs kept on the stack for a response; larger Array bodies use the heap. */
+#define BB_IOV_STACK 64
+
+enum { BODY_NONE = 0, BODY_LENGTH = 1, BODY_CHUNKED = 2 };
+enum { WRITE_DONE = 0, WRITE_PENDING = 1, STREAM_CHUNKED = 2, STREAM_RAW = 3, WRITE_FAILED = -1 };
+
+struct conn {
+    int fd;
+    int tcp;
+    /* read buffer: unconsumed bytes are buf[off, len) */
+    char *buf;
+    size_t cap, off, len;
+    size_t last_len; /* bytes of an incomplete head already scanned */
+    /* the request being read / answered */
+    int minor;
+    int keepalive;
+    int head_only;
+    int expect_continue;
+    int body_mode;
+    int body_done;
+    int lingering; /* an error was answered: half-close and drain before close */
+    int polled;    /* registered with the worker's poller */
+    int64_t content_length;
+    int64_t body_left;
+    struct bb_chunked_decoder dec;
+    /* response bytes the client has not taken yet: out[out_off, out_len) */
+    char *out;
+    size_t out_cap, out_off, out_len;
+    /* response head under construction */
+    char *hbuf;
+    size_t hcap, hlen;
+    /* Ruby-side state */
+    long requests;
+    int state;
+    double deadline;
+    VALUE remote_addr, template, env, sink, aux;
+};
+
+static VALUE cConn;
+static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
+    k_remote_addr, k_server_name, k_server_port, k_content_length, k_content_type, v_http10, v_http11, v_port80;
+
+static void conn_mark(void *p)
+{
+    struct conn *c = p;
+    rb_gc_mark(c->remote_addr);
+    rb_gc_mark(c->template);
+    rb_gc_mark(c->env);
+    rb_gc_mark(c->sink);
+    rb_gc_mark(c->aux);
+}
+
+static void conn_free(void *p)
+{
+    struct conn *c = p;
+    if (c->fd >= 0) close(c->fd);
+    free(c->buf);
+    free(c->out);
+    free(c->hbuf);
+    xfree(c);
+}
+
+static size_t conn_memsize(const void *p)
+{
+    const struct conn *c = p;
+    return sizeof(*c) + c->cap + c->out_cap + c->hcap;
+}
+
+static const rb_data_type_t conn_type = {
+    .wrap_struct_name = "Blackbuck::Native::Conn",
+    .function = {.dmark = conn_mark, .dfree = conn_free, .dsize = conn_memsize},
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static VALUE conn_alloc(VALUE klass)
+{
+    struct conn *c;
+    VALUE obj = TypedData_Make_Struct(klass, struct conn, &conn_type, c);
+    c->fd = -1;
+    c->remote_addr = c->template = c->env = c->sink = c->aux = Qnil;
+    return obj;
+}
+
+static struct conn *get_conn(VALUE self)
+{
+    struct conn *c;
+    TypedData_Get_Struct(self, struct conn, &conn_type, c);
+    return c;
+}
+
+/* Conn.new(fd, remote_addr, env_template, tcp) */
+static VALUE conn_init(VALUE self, VALUE fd, VALUE addr, VALUE tmpl, VALUE tcp)
+{
+    struct conn *c = get_conn(self);
+    Check_Type(tmpl, T_HASH);
+    c->fd = NUM2INT(fd);
+    c->tcp = RTEST(tcp);
+    c->remote_addr = addr;
+    c->template = tmpl;
+    c->buf = malloc(BB_BUF_INITIAL);
+    if (!c->buf) rb_raise(rb_eNoMemError, "connection buffer");
+    c->cap = BB_BUF_INITIAL;
+    c->keepalive = 1;
+    return self;
+}
+
+static size_t buf_limit(void)
+{
+    return bb_settings.limits.max_header_bytes + BB_READ_CHUNK;
+}
+
+/* fill -> Integer bytes read (> 0), 0 on EOF or a connection error, nil when it would block. */
+static VALUE conn_fill(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    ssize_t n;
+    size_t room;
+    if (c->fd < 0) return INT2FIX(0);
+    if (c->off == c->len) c->off = c->len = 0;
+    if (c->cap - c->len < 1024 && c->off > 0) {
+        memmove(c->buf, c->buf + c->off, c->len - c->off);
+        c->len -= c->off;
+        c->off = 0;
+    }
+    if (c->cap - c->len < 1024 && c->cap < buf_limit()) {
+        size_t ncap = c->cap * 2;
+        char *nb;
+        if (ncap > buf_limit()) ncap = buf_limit();
+        nb = realloc(c->buf, ncap);
+        if (!nb) rb_raise(rb_eNoMemError, "connection buffer");
+        c->buf = nb;
+        c->cap = ncap;
+    }
+    room = c->cap - c->len;
+    if (room == 0) rb_raise(rb_eRuntimeError, "[BUG] connection buffer full: take the body before filling");
+    if (room > BB_READ_CHUNK) room = BB_READ_CHUNK;
+    for (;;) {
+        n = read(c->fd, c->buf + c->len, room);
+        if (n >= 0) break;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return Qnil;
+        return INT2FIX(0); /* ECONNRESET and friends: the client is gone */
+    }
+    c->len += (size_t)n;
+    return LONG2FIX((long)n);
+}
+
+static int ieq(const char *a, size_t alen, const char *lower)
+{
+    size_t i, n = strlen(lower);
+    if (alen != n) return 0;
+    for (i = 0; i < n; i++) {
+        char ch = a[i];
+        if (ch >= 'A' && ch <= 'Z') ch = (char)(ch + 32);
+        if (ch != lower[i]) return 0;
+    }
+    return 1;
+}
+
+/* Sets SERVER_NAME and SERVER_PORT from a Host value ("name", "name:port", "[v6]:port"). */
+static void set_host(VALUE env, const char *v, size_t n)
+{
+    size_t i, colon = n;
+    if (n == 0) return;
+    if (v[0] == '[') {
+        for (i = 0; i < n && v[i] != ']'; i++)
+            ;
+        if (i + 1 < n && v[i + 1] == ':') colon = i + 1;
+    } else {
+        for (i = 0; i < n; i++)
+            if (v[i] == ':') {
+                colon = i;
+                break;
+            }
+    }
+    rb_hash_aset(env, k_server_name, rb_str_new(v, (long)colon));
+    if (colon + 1 < n) rb_hash_aset(env, k_server_port, rb_str_new(v + colon + 1, (long)(n - colon - 1)));
+    else rb_hash_aset(env, k_server_port, v_port80);
+}
+
+static void add_header(VALUE env, const struct bb_header *h)
+{
+    char key[5 + 256];
+    VALUE k, val, old;
+    size_t i;
+    const char *name = h->name;
+    size_t nl = h->name_len;
+
+    if (ieq(name, nl, "content-length")) {
+        k = k_content_length;
+    } else if (ieq(name, nl, "content-type")) {
+        k = k_content_type;
+    } else {
+        if (nl > 256 || memchr(name, '_', nl)) return; /* X_Forwarded_For must not shadow X-Forwarded-For */
+        memcpy(key, "HTTP_", 5);
+        for (i = 0; i < nl; i++) {
+            char ch = name[i];
+            if (ch >= 'a' && ch <= 'z') ch = (char)(ch - 32);
+            else if (ch == '-') ch = '_';
+            key[5 + i] = ch;
+        }
+        k = bb_fstring(key, (long)(5 + nl));
+    }
+    old = rb_hash_lookup2(env, k, Qundef);
+    if (old == Qundef) {
+        val = rb_str_new(h->value, (long)h->value_len);
+        rb_hash_aset(env, k, val);
+    } else {
+        int cookie = nl == 6 && ieq(name, nl, "cookie");
+        old = rb_str_dup(old);
+        rb_str_cat(old, cookie ? "; " : ", ", 2);
+        rb_str_cat(old, h->value, (long)h->value_len);
+        rb_hash_aset(env, k, old);
+    }
+}
+
+/* parse -> env Hash | nil (need more bytes) | Integer status (reject and close) */
+static VALUE conn_parse(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    struct bb_header headers[BB_HEADERS_CAP];
+    struct bb_request req;
+    VALUE env;
+    size_t i;
+    int r;
+
+    if (c->off == c->len) return Qnil;
+    memset(&req, 0, sizeof(req));
+    req.headers = headers;
+    req.num_headers = bb_settings.limits.max_headers;
+    r = bb_parse_request(c->buf + c->off, c->len - c->off, c->last_len, &req, &bb_settings.limits);
+    if (r == -2) {
+        c->last_len = c->len - c->off;
+        return Qnil;
+    }
+    if (r < 0) {
+        c->last_len = 0;
+        return INT2FIX(req.status ? req.status : 400);
+    }
+    c->last_len = 0;
+
+    env = rb_hash_dup(c->template);
+    rb_hash_aset(env, k_request_method, bb_fstring(req.method, (long)req.method_len));
+    rb_hash_aset(env, k_request_uri, rb_str_new(req.target, (long)req.target_len));
+    rb_hash_aset(env, k_path_info, rb_str_new(req.path, (long)req.path_len));
+    rb_hash_aset(env, k_query_string, req.query ? rb_str_new(req.query, (long)req.query_len) : rb_str_new(0, 0));
+    rb_hash_aset(env, k_server_protocol, req.minor_version ? v_http11 : v_http10);
+    rb_hash_aset(env, k_http_version, req.minor_version ? v_http11 : v_http10);
+    rb_hash_aset(env, k_remote_addr, c->remote_addr);
+    for (i = 0; i < req.num_headers; i++) add_header(env, &headers[i]);
+    if (req.host_index >= 0) set_host(env, headers[req.host_index].value, headers[req.host_index].value_len);
+
+    c->minor = req.minor_version;
+    c->keepalive = req.minor_version ? !(req.flags & BB_F_CONN_CLOSE)
+                                     : ((req.flags & BB_F_CONN_KEEPALIVE) && !(req.flags & BB_F_CONN_CLOSE));
+    c->head_only = req.method_len == 4 && memcmp(req.method, "HEAD", 4) == 0;
+    c->expect_continue = (req.flags & BB_F_EXPECT_CONTINUE) && req.minor_version == 1;
+    c->content_length = req.content_length;
+    if (req.flags & BB_F_CHUNKED) {
+        c->body_mode = BODY_CHUNKED;
+        c->body_done = 0;
+        bb_chunked_init(&c->dec);
+    } else if (req.content_length > 0) {
+        c->body_mode = BODY_LENGTH;
+        c->body_left = req.content_length;
+        c->body_done = 0;
+    } else {
+        c->body_mode = BODY_NONE;
+        c->body_done = 1;
+    }
+    c->off += (size_t)r;
+    if (c->off == c->len) c->off = c->len = 0;
+    return env;
+}
+
+/* body_take -> String with the body bytes buffered now (possibly empty) | Integer status */
+static VALUE conn_body_take(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    size_t avail = c->len - c->off;
+    VALUE s;
+
+    if (c->body_done || avail == 0) return rb_str_new(0, 0);
+    if (c->body_mode == BODY_LENGTH) {
+        size_t n = (int64_t)avail < c->body_left ? avail : (size_t)c->body_left;
+        s = rb_str_new(c->buf + c->off, (long)n);
+        c->off += n;
+        c->body_left -= (int64_t)n;
+        if (c->body_left == 0) c->body_done = 1;
+    } else {
+        size_t sz = avail;
+        long r = bb_decode_chunked(&c->dec, c->buf + c->off, &sz);
+        if (r == -1) return INT2FIX(c->dec.status ? c->dec.status : 400);
+        s = rb_str_new(c->buf + c->off, (long)sz);
+        if (r >= 0) {
+            c->body_done = 1;
+            c->off += sz;
+            c->len = c->off + (size_t)r;
+        } else {
+            c->off = c->len = 0;
+        }
+    }
+    if (c->off == c->len) c->off = c->len = 0;
+    return s;
+}
+
+/* ---- output ---- */
+
+static void hreserve(struct conn *c, size_t more)
+{
+    if (c->hlen + more > c->hcap) {
+        size_t ncap = c->hcap ? c->hcap : 1024;
+        char *nb;
+        while (ncap < c->hlen + more) ncap *= 2;
+        nb = realloc(c->hbuf, ncap);
+        if (!nb) rb_raise(rb_eNoMemError, "response head");
+        c->hbuf = nb;
+        c->hcap = ncap;
+    }
+}
+
+static void hcat(struct conn *c, const char *p, size_t n)
+{
+    hreserve(c, n);
+    memcpy(c->hbuf + c->hlen, p, n);
+    c->hlen += n;
+}
+
+/* Saves what writev did not send, so the worker can go on and flush later. */
+static void save_rest(struct conn *c, struct iovec *iov, int cnt)
+{
+    size_t total = 0, pos;
+    int i;
+    for (i = 0; i < cnt; i++) total += iov[i].iov_len;
+    if (c->out_off == c->out_len) c->out_off = c->out_len = 0;
+    if (c->out_len + total > c->out_cap) {
+        size_t ncap = c->out_len + total;
+        char *nb = realloc(c->out, ncap);
+        if (!nb) rb_raise(rb_eNoMemError, "response buffer");
+        c->out = nb;
+        c->out_cap = ncap;
+    }
+    pos = c->out_len;
+    for (i = 0; i < cnt; i++) {
+        memcpy(c->out + pos, iov[i].iov_base, iov[i].iov_len);
+        pos += iov[i].iov_len;
+    }
+    c->out_len = pos;
+}
+
+/*
+ * Writes iov[0, cnt) in IOV_MAX batches, resuming exactly where a partial writev stopped.
+ * wait_ms < 0: never wait; the rest is saved in c->out (WRITE_PENDING).
+ * wait_ms >= 0: wait for the client up to wait_ms each time it is not reading.
+ */
+static int write_iov(struct conn *c, struct iovec *iov, int cnt, int wait_ms)
+{
+    int i = 0;
+    while (i < cnt && iov[i].iov_len == 0) i++;
+    while (i < cnt) {
+        int batch = cnt - i > IOV_MAX ? IOV_MAX : cnt - i;
+        ssize_t w = writev(c->fd, iov + i, batch);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                if (wait_ms < 0) {
+                    save_rest(c, iov + i, cnt - i);
+                    return WRITE_PENDING;
+                }
+                if (bb_wait_writable(c->fd, wait_ms) == 1) continue;
+            }
+            return WRITE_FAILED;
+        }
+        while (w > 0 && i < cnt) {
+            if ((size_t)w >= iov[i].iov_len) {
+                w -= (ssize_t)iov[i].iov_len;
+                i++;
+            } else {
+                iov[i].iov_base = (char *)iov[i].iov_base + w;
+                iov[i].iov_len -= (size_t)w;
+                w = 0;
+            }
+        }
+        while (i < cnt && iov[i].iov_len == 0) i++;
+    }
+    return WRITE_DONE;
+}
+
+struct head_state {
+    struct conn *c;
+    int raw; /* 101 Switching Protocols or a partial hijack: the app owns framing and Connection */
+    int have_length, have_te, have_date;
+    int64_t length;
+};
+
+static void check_field(const char *p, size_t n, int is_name)
+{
+    size_t i;
+    if (n == 0 && is_name) rb_raise(rb_eArgError, "empty response header name");
+    for (i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (is_name ? (ch <= 0x20 || ch == ':' || ch >= 0x7f) : (ch == '\r' || ch == '\n' || ch == 0))
+            rb_raise(rb_eArgError, "invalid character in response header %s: %.*s", is_name ? "name" : "value",
+                     (int)(n > 64 ? 64 : n), p);
+    }
+}
+
+static void emit_field(struct head_state *st, VALUE key, const char *v, size_t vn)
+{
+    struct conn *c = st->c;
+    const char *k = RSTRING_PTR(key);
+    size_t kn = (size_t)RSTRING_LEN(key);
+    check_field(v, vn, 0);
+    if (ieq(k, kn, "content-length")) {
+        int64_t n = 0;
+        size_t i;
+        if (vn == 0 || vn > 18) rb_raise(rb_eArgError, "invalid content-length: %.*s", (int)(vn > 32 ? 32 : vn), v);
+        for (i = 0; i < vn; i++) {
+            if (v[i] < '0' || v[i] > '9') rb_raise(rb_eArgError, "invalid content-length: %.*s", (int)vn, v);
+            n = n * 10 + (v[i] - '0');
+        }
+        if (st->have_length && st->length != n) rb_raise(rb_eArgError, "conflicting content-length values");
+        st->have_length = 1;
+        st->length = n;
+    } else if (ieq(k, kn, "transfer-encoding")) {
+        st->have_te = 1;
+    } else if (ieq(k, kn, "connection") && !st->raw) {
+        /* the server owns the connection; an app asking for close gets it */
+        size_t i;
+        for (i = 0; i + 5 <= vn; i++)
+            if (ieq(v + i, 5, "close")) c->keepalive = 0;
+        return;
+    } else if (ieq(k, kn, "date")) {
+        st->have_date = 1;
+    }
+    hreserve(c, kn + vn + 4);
+    memcpy(c->hbuf + c->hlen, k, kn);
+    c->hlen += kn;
+    c->hbuf[c->hlen++] = ':';
+    c->hbuf[c->hlen++] = ' ';
+    memcpy(c->hbuf + c->hlen, v, vn);
+    c->hlen += vn;
+    c->hbuf[c->hlen++] = '\r';
+    c->hbuf[c->hlen++] = '\n';
+}
+
+static int head_i(VALUE key, VALUE val, VALUE arg)
+{
+    struct head_state *st = (struct head_state *)arg;
+    if (!RB_TYPE_P(key, T_STRING)) rb_raise(rb_eTypeError, "response header name must be a String");
+    if (RSTRING_LEN(key) >= 5 && memcmp(RSTRING_PTR(key), "rack.", 5) == 0) return ST_CONTINUE;
+    check_field(RSTRING_PTR(key), (size_t)RSTRING_LEN(key), 1);
+    if (RB_TYPE_P(val, T_ARRAY)) {
+        long i;
+        for (i = 0; i < RARRAY_LEN(val); i++) {
+            VALUE v = RARRAY_AREF(val, i);
+            if (!RB_TYPE_P(v, T_STRING)) rb_raise(rb_eTypeError, "response header value must be a String");
+            emit_field(st, key, RSTRING_PTR(v), (size_t)RSTRING_LEN(v));
+        }
+    } else if (RB_TYPE_P(val, T_STRING)) {
+        /* Rack 2: several values joined by "\n" */
+        const char *p = RSTRING_PTR(val), *end = p + RSTRING_LEN(val), *nl;
+        do {
+            nl = memchr(p, '\n', (size_t)(end - p));
+            emit_field(st, key, p, (size_t)((nl ? nl : end) - p));
+            p = nl ? nl + 1 : end;
+        } while (nl);
+    } else if (!NIL_P(val)) {
+        rb_raise(rb_eTypeError, "response header value must be a String or an Array of Strings");
+    }
+    return ST_CONTINUE;
+}
+
+/*
+ * write_response(status, headers, body_array_or_nil, raw) -> see the WRITE_ / STREAM_ constants
+ * raw: a partial hijack; the head is sent as the app gave it and the app then owns the socket.
+ */
+static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE body, VALUE raw)
+{
+    struct conn *c = get_conn(self);
+    struct head_state st;
+    struct iovec stack_iov[BB_IOV_STACK], *iov = stack_iov;
+    int status = NUM2INT(vstatus), no_body, mode, ret;
+    long nparts = 0, i;
+    size_t len;
+    const char *p;
+    char num[48];
+
+    if (status < 100 || status > 999) rb_raise(rb_eArgError, "invalid status: %d", status);
+    if (c->fd < 0) return INT2FIX(WRITE_FAILED);
+    memset(&st, 0, sizeof(st));
+    st.c = c;
+    st.raw = RTEST(raw) || status == 101;
+    c->hlen = 0;
+    p = bb_status_line(status, &len);
+    hcat(c, p, len);
+    if (!NIL_P(headers)) {
+        Check_Type(headers, T_HASH);
+        rb_hash_foreach(headers, head_i, (VALUE)&st);
+    }
+    no_body = c->head_only || status < 200 || status == 204 || status == 304;
+    if (!NIL_P(body)) {
+        Check_Type(body, T_ARRAY);
+        nparts = RARRAY_LEN(body);
+        for (i = 0; i < nparts; i++)
+            if (!RB_TYPE_P(RARRAY_AREF(body, i), T_STRING)) rb_raise(rb_eTypeError, "body parts must be Strings");
+    }
+
+    if (st.raw) {
+        c->keepalive = 0;
+        mode = STREAM_RAW;
+    } else if (no_body) {
+        mode = WRITE_DONE;
+        nparts = 0;
+    } else if (!NIL_P(body)) {
+        int64_t total = 0;
+        for (i = 0; i < nparts; i++) total += RSTRING_LEN(RARRAY_AREF(body, i));
+        if (st.have_length) {
+            if (total != st.length) c->keepalive = 0; /* framing would break: end it with the connection */
+        } else if (!st.have_te) {
+            hcat(c, num, (size_t)snprintf(num, sizeof(num), "Content-Length: %lld\r\n", (long long)total));
+        } else {
+            c->keepalive = 0;
+        }
+        mode = WRITE_DONE;
+    } else if (st.have_length) {
+        mode = STREAM_RAW;
+    } else if (st.have_te) {
+        mode = STREAM_RAW;
+        c->keepalive = 0;
+    } else if (c->minor == 1) {
+        hcat(c, "Transfer-Encoding: chunked\r\n", 28);
+        mode = STREAM_CHUNKED;
+    } else {
+        c->keepalive = 0; /* HTTP/1.0 without a length: the body ends when the connection does */
+        mode = STREAM_RAW;
+    }
+    if (st.raw) {
+        /* nothing: the app's Connection header stands */
+    } else if (!c->keepalive) hcat(c, "Connection: close\r\n", 19);
+    else if (c->minor == 0) hcat(c, "Connection: keep-alive\r\n", 24);
+    if (!st.have_date) {
+        p = bb_date_header(&len);
+        hcat(c, p, len);
+    }
+    hcat(c, "\r\n", 2);
+
+    if (mode != WRITE_DONE) {
+        struct iovec one;
+        one.iov_base = c->hbuf;
+        one.iov_len = c->hlen;
+        if (write_iov(c, &one, 1, bb_settings.write_timeout_ms) != WRITE_DONE) return INT2FIX(WRITE_FAILED);
+        return INT2FIX(no_body && !st.raw ? WRITE_DONE : mode);
+    }
+    if (nparts + 1 > BB_IOV_STACK) iov = ALLOC_N(struct iovec, nparts + 1);
+    iov[0].iov_base = c->hbuf;
+    iov[0].iov_len = c->hlen;
+    for (i = 0; i < nparts; i++) {
+        VALUE s = RARRAY_AREF(body, i);
+        iov[i + 1].iov_base = RSTRING_PTR(s);
+        iov[i + 1].iov_len = (size_t)RSTRING_LEN(s);
+    }
+    ret = write_iov(c, iov, (int)nparts + 1, -1);
+    if (iov != stack_iov) xfree(iov);
+    RB_GC_GUARD(body);
+    return INT2FIX(ret);
+}
+
+/* write_part(str, chunked) -> true | false (client gone or not reading for write_timeout) */
+static VALUE conn_write_part(VALUE self, VALUE str, VALUE chunked)
+{
+    struct conn *c = get_conn(self);
+    struct iovec iov[3];
+    char size[24];
+    int cnt = 0;
+    StringValue(str);
+    if (RSTRING_LEN(str) == 0) return Qtrue; /* an empty chunk would end a chunked body */
+    if (c->fd < 0) return Qfalse;
+    if (RTEST(chunked)) {
+        iov[cnt].iov_base = size;
+        iov[cnt++].iov_len = (size_t)snprintf(size, sizeof(size), "%lx\r\n", (unsigned long)RSTRING_LEN(str));
+    }
+    iov[cnt].iov_base = RSTRING_PTR(str);
+    iov[cnt++].iov_len = (size_t)RSTRING_LEN(str);
+    if (RTEST(chunked)) {
+        iov[cnt].iov_base = (char *)"\r\n";
+        iov[cnt++].iov_len = 2;
+    }
+    if (write_iov(c, iov, cnt, bb_settings.write_timeout_ms) != WRITE_DONE) return Qfalse;
+    RB_GC_GUARD(str);
+    return Qtrue;
+}
+
+/* finish_body(chunked) -> true | false */
+static VALUE conn_finish_body(VALUE self, VALUE chunked)
+{
+    struct conn *c = get_conn(self);
+    struct iovec iov;
+    if (!RTEST(chunked)) return Qtrue;
+    if (c->fd < 0) return Qfalse;
+    iov.iov_base = (char *)"0\r\n\r\n";
+    iov.iov_len = 5;
+    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+}
+
+/* flush -> WRITE_DONE | WRITE_PENDING | WRITE_FAILED: sends what the client had not taken. */
+static VALUE conn_flush(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    while (c->out_off < c->out_len) {
+        ssize_t w = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return INT2FIX(WRITE_PENDING);
+            return INT2FIX(WRITE_FAILED);
+        }
+        c->out_off += (size_t)w;
+    }
+    c->out_off = c->out_len = 0;
+    if (c->out_cap > 256 * 1024) { /* do not keep a big buffer around for an idle connection */
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    return INT2FIX(WRITE_DONE);
+}
+
+/* write_error(status): a complete canned response with Connection: close; best effort, never blocks long. */
+static VALUE conn_write_error(VALUE self, VALUE vstatus)
+{
+    struct conn *c = get_conn(self);
+    int status = NUM2INT(vstatus);
+    size_t sl, dl, rl;
+    const char *s = bb_status_line(status, &sl), *d = bb_date_header(&dl);
+    char hdr[160];
+    struct iovec iov[4];
+    int n;
+    c->keepalive = 0;
+    c->lingering = 1;
+    if (c->fd < 0) return Qfalse;
+    /* reason phrase: the status line after "HTTP/1.1 NNN " without CRLF */
+    rl = sl > 15 ? sl - 15 : 0;
+    n = snprintf(hdr, sizeof(hdr), "Content-Type: text/plain\r\nContent-Length: %zu\r\nConnection: close\r\n",
+                 c->head_only ? 0 : rl + 1);
+    iov[0].iov_base = (char *)s;
+    iov[0].iov_len = sl;
+    iov[1].iov_base = hdr;
+    iov[1].iov_len = (size_t)n;
+    iov[2].iov_base = (char *)d;
+    iov[2].iov_len = dl;
+    {
+        /* "\r\n" + "Reason\n" */
+        char tail[128];
+        size_t tl = 0;
+        tail[tl++] = '\r';
+        tail[tl++] = '\n';
+        if (!c->head_only && rl < sizeof(tail) - 3) {
+            memcpy(tail + tl, s + 13, rl);
+            tl += rl;
+            tail[tl++] = '\n';
+        }
+        iov[3].iov_base = tail;
+        iov[3].iov_len = tl;
+        return write_iov(c, iov, 4, 1000) == WRITE_DONE ? Qtrue : Qfalse;
+    }
+}
+
+/* write_continue: "100 Continue" for a client that waits before sending its body. */
+static VALUE conn_write_continue(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    struct iovec iov;
+    iov.iov_base = (char *)"HTTP/1.1 100 Continue\r\n\r\n";
+    iov.iov_len = 25;
+    c->expect_continue = 0;
+    if (c->fd < 0) return Qfalse;
+    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+}
+
+/* write_raw(str) -> true | false: bytes as they are (early hints), waiting up to write_timeout_ms. */
+static VALUE conn_write_raw(VALUE self, VALUE str)
+{
+    struct conn *c = get_conn(self);
+    struct iovec iov;
+    StringValue(str);
+    if (c->fd < 0) return Qfalse;
+    iov.iov_base = RSTRING_PTR(str);
+    iov.iov_len = (size_t)RSTRING_LEN(str);
+    RB_GC_GUARD(str);
+    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+}
+
+/* close: after an error answer, half-close and drain what the client already sent so the
+ * kernel does not reset the connection (and destroy the answer) because of unread bytes. */
+static VALUE conn_close(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    if (c->fd < 0) return Qnil;
+    if (c->lingering) {
+        char junk[4096];
+        int i;
+        shutdown(c->fd, SHUT_WR);
+        for (i = 0; i < 16 && read(c->fd, junk, sizeof(junk)) > 0; i++)
+            ;
+    }
+    close(c->fd);
+    c->fd = -1;
+    return Qnil;
+}
+
+/* detach -> fd: hands the socket over (rack.hijack); the Conn no longer closes it. */
+static VALUE conn_detach(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    int fd = c->fd;
+    c->fd = -1;
+    return INT2NUM(fd);
+}
+
+/* Prepares for the next request on this connection. */
+static VALUE conn_next(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    c->requests++;
+    c->env = Qnil;
+    c->sink = Qnil;
+    c->body_mode = BODY_NONE;
+    c->body_done = 1;
+    c->expect_continue = 0;
+    c->head_only = 0;
+    return self;
+}
+
+#define ATTR_INT(name, field)                                                                                         \
+    static VALUE conn_get_##name(VALUE self) { return LONG2NUM((long)get_conn(self)->field); }
+#define ATTR_BOOL(name, field)                                                                                        \
+    static VALUE conn_get_##name(VALUE self) { return get_conn(self)->field ? Qtrue : Qfalse; }
+#define ATTR_VALUE(name)                                                                                              \
+    static VALUE conn_get_##name(VALUE self) { return get_conn(self)->name; }                                         \
+    static VALUE conn_set_##name(VALUE self, VALUE v) { return get_conn(self)->name = v; }
+
+ATTR_INT(fd, fd)
+ATTR_INT(requests, requests)
+ATTR_INT(content_length, content_length)
+ATTR_BOOL(body_done, body_done)
+ATTR_BOOL(expect_continue, expect_continue)
+ATTR_BOOL(chunked, body_mode == BODY_CHUNKED)
+ATTR_BOOL(keepalive, keepalive)
+ATTR_BOOL(pending_output, out_off < get_conn(self)->out_len)
+ATTR_BOOL(closed, fd < 0)
+ATTR_BOOL(tcp, tcp)
+ATTR_VALUE(env)
+ATTR_VALUE(sink)
+ATTR_VALUE(aux)
+
+static VALUE conn_get_buffered(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    return LONG2NUM((long)(c->len - c->off));
+}
+static VALUE conn_get_remote_addr(VALUE self) { return get_conn(self)->remote_addr; }
+static VALUE conn_get_state(VALUE self) { return INT2FIX(get_conn(self)->state); }
+static VALUE conn_set_state(VALUE self, VALUE v)
+{
+    get_conn(self)->state = FIX2INT(v);
+    return v;
+}
+static VALUE conn_get_deadline(VALUE self) { return DBL2NUM(get_conn(self)->deadline); }
+static VALUE conn_set_deadline(VALUE self, VALUE v)
+{
+    get_conn(self)->deadline = NUM2DBL(v);
+    return v;
+}
+static VALUE conn_get_polled(VALUE self) { return get_conn(self)->polled ? Qtrue : Qfalse; }
+static VALUE conn_set_polled(VALUE self, VALUE v)
+{
+    get_conn(self)->polled = RTEST(v);
+    return v;
+}
+static VALUE conn_no_keepalive(VALUE self)
+{
+    get_conn(self)->keepalive = 0;
+    return self;
+}
+
+static VALUE reg(VALUE v)
+{
+    rb_gc_register_mark_object(v);
+    return v;
+}
+
+void bb_init_conn(void)
+{
+    cConn = rb_define_class_under(bb_mNative, "Conn", rb_cObject);
+    rb_define_alloc_func(cConn, conn_alloc);
+    rb_define_method(cConn, "initialize", conn_init, 4);
+    rb_define_method(cConn, "fill", conn_fill, 0);
+    rb_define_method(cConn, "parse", conn_parse, 0);
+    rb_define_method(cConn, "body_take", conn_body_take, 0);
+    rb_define_method(cConn, "write_response", conn_write_response, 4);
+    rb_define_method(cConn, "polled?", conn_get_polled, 0);
+    rb_define_method(cConn, "polled=", conn_set_polled, 1);
+    rb_define_method(cConn, "write_part", conn_write_part, 2);
+    rb_define_method(cConn, "finish_body", conn_finish_body, 1);
+    rb_define_method(cConn, "flush", conn_flush, 0);
+    rb_define_method(cConn, "write_error", conn_write_error, 1);
+    rb_define_method(cConn, "write_continue", conn_write_continue, 0);
+    rb_define_method(cConn, "write_raw", conn_write_raw, 1);
+    rb_define_method(cConn, "close", conn_close, 0);
+    rb_define_method(cConn, "detach", conn_detach, 0);
+    rb_define_method(cConn, "next_request!", conn_next, 0);
+    rb_define_method(cConn, "no_keepalive!", conn_no_keepalive, 0);
+    rb_define_method(cConn, "fd", conn_get_fd, 0);
+    rb_define_method(cConn, "requests", conn_get_requests, 0);
+    rb_define_method(cConn, "content_length", conn_get_content_length, 0);
+    rb_define_method(cConn, "body_done?", conn_get_body_done, 0);
+    rb_define_method(cConn, "expect_continue?", conn_get_expect_continue, 0);
+    rb_define_method(cConn, "chunked?", conn_get_chunked, 0);
+    rb_define_method(cConn, "keepalive?", conn_get_keepalive, 0);
+    rb_define_method(cConn, "pending_output?", conn_get_pending_output, 0);
+    rb_define_method(cConn, "closed?", conn_get_closed, 0);
+    rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
+    rb_define_method(cConn, "buffered", conn_get_buffered, 0);
+    rb_define_method(cConn, "remote_addr", conn_get_remote_addr, 0);
+    rb_define_method(cConn, "state", conn_get_state, 0);
+    rb_define_method(cConn, "state=", conn_set_state, 1);
+    rb_define_method(cConn, "deadline", conn_get_deadline, 0);
+    rb_define_method(cConn, "deadline=", conn_set_deadline, 1);
+    rb_define_method(cConn, "env", conn_get_env, 0);
+    rb_define_method(cConn, "env=", conn_set_env, 1);
+    rb_define_method(cConn, "sink", conn_get_sink, 0);
+    rb_define_method(cConn, "sink=", conn_set_sink, 1);
+    rb_define_method(cConn, "aux", conn_get_aux, 0);
+    rb_define_method(cConn, "aux=", conn_set_aux, 1);
+    rb_define_const(cConn, "WRITE_DONE", INT2FIX(WRITE_DONE));
+    rb_define_const(cConn, "WRITE_PENDING", INT2FIX(WRITE_PENDING));
+    rb_define_const(cConn, "STREAM_CHUNKED", INT2FIX(STREAM_CHUNKED));
+    rb_define_const(cConn, "STREAM_RAW", INT2FIX(STREAM_RAW));
+    rb_define_const(cConn, "WRITE_FAILED", INT2FIX(WRITE_FAILED));
+
+    k_request_method = reg(bb_fstring("REQUEST_METHOD", 14));
+    k_path_info = reg(bb_fstring("PATH_INFO", 9));
+    k_query_string = reg(bb_fstring("QUERY_STRING", 12));
+    k_request_uri = reg(bb_fstring("REQUEST_URI", 11));
+    k_server_protocol = reg(bb_fstring("SERVER_PROTOCOL", 15));
+    k_http_version = reg(bb_fstring("HTTP_VERSION", 12));
+    k_remote_addr = reg(bb_fstring("REMOTE_ADDR", 11));
+    k_server_name = reg(bb_fstring("SERVER_NAME", 11));
+    k_server_port = reg(bb_fstring("SERVER_PORT", 11));
+    k_content_length = reg(bb_fstring("CONTENT_LENGTH", 14));
+    k_content_type = reg(bb_fstring("CONTENT_TYPE", 12));
+    v_http10 = reg(bb_fstring("HTTP/1.0", 8));
+    v_http11 = reg(bb_fstring("HTTP/1.1", 8));
+    v_port80 = reg(bb_fstring("80", 2));
+}

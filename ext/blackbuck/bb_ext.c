@@ -1,0 +1,238 @@
+/*
+ * bb_ext.c - Blackbuck::Native: process-wide settings, the cached Date header,
+ * status lines, accept4, and the extension's entry point.
+ */
+#include "bb_ext.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+VALUE bb_mBlackbuck, bb_mNative;
+struct bb_settings bb_settings;
+
+static char *status_lines[600];
+static size_t status_line_lens[600];
+
+const char *bb_status_line(int status, size_t *len)
+{
+    static char fallback[32];
+    if (status >= 100 && status < 600 && status_lines[status]) {
+        *len = status_line_lens[status];
+        return status_lines[status];
+    }
+    *len = (size_t)snprintf(fallback, sizeof(fallback), "HTTP/1.1 %03d \r\n", status % 1000);
+    return fallback;
+}
+
+/* Native.set_reason(code, phrase): called once per entry of Rack::Utils::HTTP_STATUS_CODES at boot. */
+static VALUE native_set_reason(VALUE self, VALUE code, VALUE phrase)
+{
+    int c = NUM2INT(code);
+    char buf[128];
+    int n;
+    if (c < 100 || c >= 600) rb_raise(rb_eArgError, "status out of range: %d", c);
+    StringValue(phrase);
+    n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %.*s\r\n", c, (int)RSTRING_LEN(phrase) > 80 ? 80 : (int)RSTRING_LEN(phrase),
+                 RSTRING_PTR(phrase));
+    free(status_lines[c]);
+    status_lines[c] = malloc((size_t)n + 1);
+    if (!status_lines[c]) rb_raise(rb_eNoMemError, "status line");
+    memcpy(status_lines[c], buf, (size_t)n + 1);
+    status_line_lens[c] = (size_t)n;
+    return Qnil;
+}
+
+const char *bb_date_header(size_t *len)
+{
+    static char buf[64];
+    static size_t buf_len;
+    static time_t cached = -1;
+    time_t now = time(NULL);
+    if (now != cached) {
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        buf_len = strftime(buf, sizeof(buf), "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+        cached = now;
+    }
+    *len = buf_len;
+    return buf;
+}
+
+static VALUE native_date_header(VALUE self)
+{
+    size_t len;
+    const char *d = bb_date_header(&len);
+    return rb_str_new(d + 6, (long)len - 8); /* without "Date: " and CRLF */
+}
+
+VALUE bb_fstring(const char *ptr, long len)
+{
+#ifdef HAVE_RB_ENC_INTERNED_STR
+    return rb_enc_interned_str(ptr, len, rb_ascii8bit_encoding());
+#else
+    VALUE s = rb_str_new(ptr, len);
+    return rb_str_freeze(s);
+#endif
+}
+
+struct poll_args {
+    struct pollfd pfd;
+    int timeout_ms;
+    int ret;
+    int err;
+};
+
+static void *poll_nogvl(void *p)
+{
+    struct poll_args *a = p;
+    a->ret = poll(&a->pfd, 1, a->timeout_ms);
+    a->err = errno;
+    return NULL;
+}
+
+int bb_wait_writable(int fd, int timeout_ms)
+{
+    struct poll_args a;
+    a.pfd.fd = fd;
+    a.pfd.events = POLLOUT;
+    a.pfd.revents = 0;
+    a.timeout_ms = timeout_ms;
+    for (;;) {
+        rb_thread_call_without_gvl(poll_nogvl, &a, RUBY_UBF_IO, NULL);
+        if (a.ret >= 0 || a.err != EINTR) break;
+        rb_thread_check_ints();
+    }
+    if (a.ret < 0) return -1;
+    if (a.ret == 0) return 0;
+    return (a.pfd.revents & (POLLERR | POLLNVAL)) ? -1 : 1;
+}
+
+/*
+ * Native.accept(listen_fd, tcp) -> [fd, remote_addr] or nil when nothing is pending.
+ * The new socket is non-blocking and close-on-exec; TCP ones get TCP_NODELAY.
+ * Raises SystemCallError for errors that are not "try again" (EMFILE, ENFILE, ...).
+ */
+static VALUE native_accept(VALUE self, VALUE lfd, VALUE tcp)
+{
+    static VALUE unix_addr = Qnil;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int fd;
+    char host[INET6_ADDRSTRLEN];
+    const char *h = NULL;
+
+    for (;;) {
+#ifdef HAVE_ACCEPT4
+        fd = accept4(NUM2INT(lfd), (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+#else
+        fd = accept(NUM2INT(lfd), (struct sockaddr *)&ss, &sl);
+        if (fd >= 0) {
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+            fcntl(fd, F_SETFD, FD_CLOEXEC);
+        }
+#endif
+        if (fd >= 0) break;
+        switch (errno) {
+        case EINTR: continue;
+        case EAGAIN:
+#if EAGAIN != EWOULDBLOCK
+        case EWOULDBLOCK:
+#endif
+        case ECONNABORTED:
+        case EPROTO:
+            return Qnil;
+        default:
+            rb_sys_fail("accept4");
+        }
+    }
+    if (ss.ss_family == AF_INET) {
+        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
+        h = inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
+    } else if (ss.ss_family == AF_INET6) {
+        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+        h = inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
+        if (h && strncmp(h, "::ffff:", 7) == 0 && strchr(h + 7, '.')) h += 7; /* v4-mapped */
+    }
+    if (RTEST(tcp) && ss.ss_family != AF_UNIX) {
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
+    if (!h) {
+        if (NIL_P(unix_addr)) {
+            unix_addr = rb_obj_freeze(rb_str_new_cstr("127.0.0.1"));
+            rb_gc_register_mark_object(unix_addr);
+        }
+        return rb_assoc_new(INT2NUM(fd), unix_addr);
+    }
+    return rb_assoc_new(INT2NUM(fd), bb_fstring(h, (long)strlen(h)));
+}
+
+/* Native.close(fd): close a raw descriptor (connections are raw fds, not IO objects). */
+static VALUE native_close(VALUE self, VALUE fd)
+{
+    close(NUM2INT(fd));
+    return Qnil;
+}
+
+/* Native.defer_accept(fd, seconds): TCP_DEFER_ACCEPT on a Linux TCP listener; false where unsupported. */
+static VALUE native_defer_accept(VALUE self, VALUE fd, VALUE secs)
+{
+#ifdef HAVE_CONST_TCP_DEFER_ACCEPT
+    int s = NUM2INT(secs);
+    return setsockopt(NUM2INT(fd), IPPROTO_TCP, TCP_DEFER_ACCEPT, &s, sizeof(s)) == 0 ? Qtrue : Qfalse;
+#else
+    return Qfalse;
+#endif
+}
+
+/*
+ * Native.configure(max_request_line:, max_uri:, max_headers:, max_header_bytes:, write_timeout_ms:)
+ * positional for speed of implementation: (line, uri, headers, header_bytes, write_timeout_ms)
+ */
+static VALUE native_configure(VALUE self, VALUE line, VALUE uri, VALUE headers, VALUE hbytes, VALUE wt)
+{
+    long h = NUM2LONG(headers);
+    if (h < 1 || h > BB_HEADERS_CAP) rb_raise(rb_eArgError, "max_headers must be 1..%d", BB_HEADERS_CAP);
+    bb_settings.limits.max_request_line = NUM2SIZET(line);
+    bb_settings.limits.max_uri = NUM2SIZET(uri);
+    bb_settings.limits.max_headers = (size_t)h;
+    bb_settings.limits.max_header_bytes = NUM2SIZET(hbytes);
+    bb_settings.write_timeout_ms = NUM2INT(wt);
+    return Qnil;
+}
+
+static VALUE native_http_impl(VALUE self)
+{
+    return rb_str_new_cstr(bb_http_impl());
+}
+
+RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
+{
+    bb_mBlackbuck = rb_define_module("Blackbuck");
+    bb_mNative = rb_define_module_under(bb_mBlackbuck, "Native");
+
+    bb_limits_default(&bb_settings.limits);
+    bb_settings.write_timeout_ms = 30000;
+
+    rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);
+    rb_define_module_function(bb_mNative, "date_header", native_date_header, 0);
+    rb_define_module_function(bb_mNative, "accept", native_accept, 2);
+    rb_define_module_function(bb_mNative, "close", native_close, 1);
+    rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);
+    rb_define_module_function(bb_mNative, "configure", native_configure, 5);
+    rb_define_module_function(bb_mNative, "http_impl", native_http_impl, 0);
+    rb_define_const(bb_mNative, "HEADERS_CAP", INT2NUM(BB_HEADERS_CAP));
+
+    bb_init_conn();
+    bb_init_poller();
+    bb_init_scoreboard();
+}

@@ -1,0 +1,43 @@
+/*
+ * bb_ext.h - shared declarations of the Ruby glue (everything here knows Ruby;
+ * bb_http.[ch] does not).
+ */
+#ifndef BB_EXT_H
+#define BB_EXT_H
+
+#include <ruby.h>
+#include <ruby/encoding.h>
+#include <ruby/thread.h>
+#include "bb_http.h"
+
+/* Ceiling for the configurable header-count limit: the parser's header array lives on the stack. */
+#define BB_HEADERS_CAP 1000
+/* A connection's read buffer starts this big and doubles up to max_header_bytes + BB_READ_CHUNK. */
+#define BB_BUF_INITIAL (8 * 1024)
+/* Bytes asked of read() at most in one call. */
+#define BB_READ_CHUNK (64 * 1024)
+
+extern VALUE bb_mBlackbuck, bb_mNative;
+
+/* Process-wide settings, written once at boot from Ruby (Native.configure). */
+struct bb_settings {
+    struct bb_limits limits;
+    int write_timeout_ms; /* a blocking write waits at most this long for the client to read */
+};
+extern struct bb_settings bb_settings;
+
+/* Status lines ("HTTP/1.1 200 OK\r\n") built once at boot from Rack's table. */
+const char *bb_status_line(int status, size_t *len);
+/* "Date: Sun, 22 Nov 2026 00:00:00 GMT\r\n", refreshed at most once a second. */
+const char *bb_date_header(size_t *len);
+/* Interned (deduplicated, frozen) string; no allocation when it already exists. */
+VALUE bb_fstring(const char *ptr, long len);
+
+/* Waits until fd is writable or timeout_ms passes, without holding the GVL. 1 ready, 0 timeout, -1 error. */
+int bb_wait_writable(int fd, int timeout_ms);
+
+void bb_init_conn(void);
+void bb_init_poller(void);
+void bb_init_scoreboard(void);
+
+#endif

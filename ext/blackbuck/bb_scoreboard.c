@@ -1,0 +1,170 @@
+/*
+ * bb_scoreboard.c - Blackbuck::Native::Scoreboard: one fixed-size slot per worker in
+ * anonymous shared memory, mapped by the master before forking. A worker writes only its
+ * own slot; the master reads all of them (timeouts, status). Plain stores: a reader may
+ * see a slot mid-update, which costs at most one stale sample.
+ */
+#include "bb_ext.h"
+
+#include <string.h>
+#include <time.h>
+#include <sys/mman.h>
+
+#define SB_METHOD_MAX 16
+#define SB_PATH_MAX 240
+
+struct sb_slot {
+    int32_t pid;
+    int32_t state;        /* Blackbuck::Scoreboard::STATES index, set by the worker */
+    uint64_t requests;    /* requests served by this worker */
+    int64_t started_ms;   /* CLOCK_MONOTONIC ms when the current request started; 0 when idle */
+    int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
+    int32_t connections;  /* open client connections */
+    char method[SB_METHOD_MAX];
+    char path[SB_PATH_MAX];
+};
+
+struct scoreboard {
+    struct sb_slot *slots;
+    long n;
+};
+
+static void sb_free(void *p)
+{
+    struct scoreboard *sb = p;
+    if (sb->slots) munmap(sb->slots, sizeof(struct sb_slot) * (size_t)sb->n);
+    xfree(sb);
+}
+
+static const rb_data_type_t sb_type = {
+    .wrap_struct_name = "Blackbuck::Native::Scoreboard",
+    .function = {.dmark = NULL, .dfree = sb_free, .dsize = NULL},
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static VALUE sb_alloc(VALUE klass)
+{
+    struct scoreboard *sb;
+    return TypedData_Make_Struct(klass, struct scoreboard, &sb_type, sb);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct sb_slot *slot(VALUE self, VALUE idx)
+{
+    struct scoreboard *sb;
+    long i = NUM2LONG(idx);
+    TypedData_Get_Struct(self, struct scoreboard, &sb_type, sb);
+    if (i < 0 || i >= sb->n) rb_raise(rb_eIndexError, "scoreboard slot %ld out of 0...%ld", i, sb->n);
+    return &sb->slots[i];
+}
+
+static VALUE sb_init(VALUE self, VALUE n)
+{
+    struct scoreboard *sb;
+    void *m;
+    TypedData_Get_Struct(self, struct scoreboard, &sb_type, sb);
+    sb->n = NUM2LONG(n);
+    if (sb->n < 1 || sb->n > 4096) rb_raise(rb_eArgError, "scoreboard size must be 1..4096");
+    m = mmap(NULL, sizeof(struct sb_slot) * (size_t)sb->n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) rb_sys_fail("mmap");
+    sb->slots = m;
+    return self;
+}
+
+static VALUE sb_size(VALUE self)
+{
+    struct scoreboard *sb;
+    TypedData_Get_Struct(self, struct scoreboard, &sb_type, sb);
+    return LONG2NUM(sb->n);
+}
+
+/* reset(i, pid): a fresh worker takes slot i. */
+static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
+{
+    struct sb_slot *s = slot(self, idx);
+    memset(s, 0, sizeof(*s));
+    s->pid = NUM2INT(pid);
+    s->heartbeat_ms = now_ms();
+    return Qnil;
+}
+
+/* request_start(i, method, path): state := busy (2), start clock, remember what runs. */
+static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path)
+{
+    struct sb_slot *s = slot(self, idx);
+    size_t ml, pl;
+    StringValue(method);
+    StringValue(path);
+    ml = (size_t)RSTRING_LEN(method);
+    pl = (size_t)RSTRING_LEN(path);
+    if (ml >= SB_METHOD_MAX) ml = SB_METHOD_MAX - 1;
+    if (pl >= SB_PATH_MAX) pl = SB_PATH_MAX - 1;
+    memcpy(s->method, RSTRING_PTR(method), ml);
+    s->method[ml] = 0;
+    memcpy(s->path, RSTRING_PTR(path), pl);
+    s->path[pl] = 0;
+    s->started_ms = now_ms();
+    s->state = 2;
+    return Qnil;
+}
+
+/* request_done(i, state): one more request served; back to `state`. */
+static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
+{
+    struct sb_slot *s = slot(self, idx);
+    s->requests++;
+    s->started_ms = 0;
+    s->state = NUM2INT(state);
+    return Qnil;
+}
+
+/* tick(i, state, connections): the worker's loop is alive. */
+static VALUE sb_tick(VALUE self, VALUE idx, VALUE state, VALUE conns)
+{
+    struct sb_slot *s = slot(self, idx);
+    s->heartbeat_ms = now_ms();
+    s->state = NUM2INT(state);
+    s->connections = NUM2INT(conns);
+    return Qnil;
+}
+
+/* read(i) -> [pid, state, requests, running_ms (0 when idle), heartbeat_age_ms, connections, method, path] */
+static VALUE sb_read(VALUE self, VALUE idx)
+{
+    struct sb_slot *s = slot(self, idx);
+    struct sb_slot c;
+    int64_t now = now_ms();
+    VALUE a;
+    memcpy(&c, s, sizeof(c));
+    c.method[SB_METHOD_MAX - 1] = 0;
+    c.path[SB_PATH_MAX - 1] = 0;
+    a = rb_ary_new_capa(8);
+    rb_ary_push(a, INT2NUM(c.pid));
+    rb_ary_push(a, INT2NUM(c.state));
+    rb_ary_push(a, ULL2NUM(c.requests));
+    rb_ary_push(a, LL2NUM(c.started_ms ? now - c.started_ms : 0));
+    rb_ary_push(a, LL2NUM(now - c.heartbeat_ms));
+    rb_ary_push(a, INT2NUM(c.connections));
+    rb_ary_push(a, rb_str_new_cstr(c.method));
+    rb_ary_push(a, rb_str_new_cstr(c.path));
+    return a;
+}
+
+void bb_init_scoreboard(void)
+{
+    VALUE c = rb_define_class_under(bb_mNative, "Scoreboard", rb_cObject);
+    rb_define_alloc_func(c, sb_alloc);
+    rb_define_method(c, "initialize", sb_init, 1);
+    rb_define_method(c, "size", sb_size, 0);
+    rb_define_method(c, "reset", sb_reset, 2);
+    rb_define_method(c, "request_start", sb_request_start, 3);
+    rb_define_method(c, "request_done", sb_request_done, 2);
+    rb_define_method(c, "tick", sb_tick, 3);
+    rb_define_method(c, "read", sb_read, 1);
+}

@@ -1,0 +1,14 @@
+# frozen_string_literal: true
+
+require "mkmf"
+
+# Probe features, never compare versions.
+have_header("sys/epoll.h") or abort "blackbuck needs epoll (Linux); macOS support is planned via kqueue"
+have_func("accept4", ["sys/types.h", "sys/socket.h"])
+have_func("rb_enc_interned_str", "ruby.h")
+have_func("rb_thread_call_without_gvl", "ruby/thread.h")
+have_const("TCP_DEFER_ACCEPT", "netinet/tcp.h")
+have_const("EPOLLEXCLUSIVE", "sys/epoll.h")
+
+$CFLAGS << " -std=gnu99 -O2 -Wall -Wextra -Wno-unused-parameter -fvisibility=hidden"
+create_makefile("blackbuck/blackbuck_ext")

@@ -1,0 +1,25 @@
+# frozen_string_literal: true
+
+require_relative "blackbuck/version"
+require_relative "blackbuck/errors"
+
+begin
+  require_relative "blackbuck/blackbuck_ext"
+rescue LoadError => e
+  raise LoadError, "the C extension is not built (#{e.message}); run `bundle exec rake compile`"
+end
+
+require_relative "blackbuck/logger"
+require_relative "blackbuck/config"
+require_relative "blackbuck/listeners"
+require_relative "blackbuck/supervisor"
+require_relative "blackbuck/server"
+
+module Blackbuck
+  # The value of env["rack.version"]: Rack 2's Lint wants an Array.
+  def self.rack_version
+    require "rack"
+    v = Rack::VERSION
+    v.is_a?(Array) ? v : v.to_s.split(".").first(2).map(&:to_i)
+  end
+end

@@ -1,0 +1,122 @@
+# frozen_string_literal: true
+
+require "optparse"
+require_relative "version"
+require_relative "errors"
+
+module Blackbuck
+  # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
+  # line), app loaded from the rackup file, then Server.run. Every mistake is one line on
+  # stderr and a non-zero exit (2 for usage, 1 for everything else), never a backtrace.
+  class CLI
+    def initialize(argv, env: ENV, out: $stdout, err: $stderr)
+      @argv = argv.dup
+      @env = env
+      @out = out
+      @err = err
+      @overrides = []
+    end
+
+    def run
+      parser = option_parser
+      rest = parser.parse(@argv)
+      raise OptionParser::InvalidArgument, "too many rackup files: #{rest.join(' ')}" if rest.size > 1
+
+      require_relative "../blackbuck"
+      config = Config.new
+      Config::DSL.load(config, @config_file) if @config_file
+      @overrides.each { |k, v| config.set(k, v) }
+      config.set(:rackup, rest.first) if rest.first
+      config.finalize!(@env)
+      app = load_app(config)
+      Server.run(config, app)
+    rescue OptionParser::ParseError => e
+      @err.puts "blackbuck: #{e.message} (see blackbuck --help)"
+      2
+    rescue ConfigError, LoadError => e
+      @err.puts "blackbuck: #{e.message}"
+      1
+    rescue Interrupt
+      1
+    end
+
+    private
+
+    def set(key) = ->(v) { @overrides << [key, v] }
+
+    def option_parser
+      OptionParser.new do |o|
+        o.banner = "Usage: blackbuck [options] [RACKUP_FILE (default: config.ru)]"
+        o.separator ""
+        o.separator "Listening:"
+        o.on("-l", "--listen ADDR", "HOST:PORT, :PORT, PORT, [::1]:PORT, /path.sock or unix:/path.sock (repeatable)",
+             &set(:listen_one))
+        o.on("-o", "--host HOST", "host to bind when no --listen is given (default 0.0.0.0)", &set(:host))
+        o.on("-p", "--port PORT", "port to bind when no --listen is given (default $PORT or 9292)", &set(:port))
+        o.on("--backlog N", "listen queue length (default 1024)", &set(:backlog))
+        o.on("--unix-socket-mode MODE", "file mode of UNIX sockets, e.g. 0660", &set(:unix_socket_mode))
+        o.separator ""
+        o.separator "Processes:"
+        o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count)", &set(:workers))
+        o.on("--max-requests-per-child N", "recycle a worker after N requests (0 = never)", &set(:max_requests_per_child))
+        o.on("--min-requests-per-child N", "each worker's limit is random in [min, max]", &set(:min_requests_per_child))
+        o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced (default 60)",
+             &set(:timeout))
+        o.on("--graceful-timeout SEC", "how long TERM waits for in-flight requests (default 30)", &set(:graceful_timeout))
+        o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
+        o.separator ""
+        o.separator "Connections:"
+        o.on("--[no-]keepalive", "HTTP persistent connections (default on)", &set(:keepalive))
+        o.on("--keepalive-timeout SEC", "idle keep-alive connections close after SEC (default 75)", &set(:keepalive_timeout))
+        o.on("--max-keepalive-requests N", "requests per connection (default 1000)", &set(:max_keepalive_requests))
+        o.on("--max-connections N", "open connections per worker (default 1024)", &set(:max_connections))
+        o.on("--header-timeout SEC", "time to receive a request head, else 408 (default 30)", &set(:header_timeout))
+        o.on("--body-timeout SEC", "time without request-body bytes, else 408 (default 30)", &set(:body_timeout))
+        o.on("--write-timeout SEC", "time a client may stop reading a response (default 30)", &set(:write_timeout))
+        o.separator ""
+        o.separator "Limits:"
+        o.on("--max-request-line BYTES", "request line, else 414 (default 8192)", &set(:max_request_line))
+        o.on("--max-uri BYTES", "request target, else 414 (default 8192)", &set(:max_uri))
+        o.on("--max-headers N", "header fields, else 431 (default 100)", &set(:max_headers))
+        o.on("--max-header-bytes BYTES", "request head, else 431 (default 65536)", &set(:max_header_bytes))
+        o.on("--max-body BYTES", "request body, else 413 (default 104857600; 0 = no limit)", &set(:max_body))
+        o.on("--body-buffer BYTES", "bodies larger than this go to a tempfile (default 114688)", &set(:body_buffer))
+        o.separator ""
+        o.separator "Other:"
+        o.on("-c", "--config FILE", "Ruby config file (see docs/CONFIGURATION.md)") { |f| @config_file = f }
+        o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV or development)", &set(:environment))
+        o.on("-P", "--pid FILE", "write the master's pid to FILE", &set(:pid))
+        o.on("--log FILE", "append log lines to FILE instead of stderr (reopened on USR1)", &set(:log))
+        o.on("-v", "--version", "print the version and exit") do
+          @out.puts "blackbuck #{VERSION}"
+          exit 0
+        end
+        o.on("-h", "--help", "print this help and exit") do
+          @out.puts o
+          exit 0
+        end
+      end
+    end
+
+    def load_app(config)
+      path = config[:rackup]
+      raise ConfigError, "rackup file #{path} not found" unless File.file?(path)
+
+      ENV["RACK_ENV"] = config[:environment]
+      require "rack"
+      require "rack/builder"
+      app = Rack::Builder.parse_file(path)
+      app = app.first if app.is_a?(Array) # Rack 2 returns [app, options]
+      raise ConfigError, "#{path} did not produce a Rack app (got #{app.class})" unless app.respond_to?(:call)
+
+      app
+    rescue ConfigError
+      raise
+    rescue SyntaxError => e
+      raise ConfigError, "cannot load #{path}: syntax error: #{e.message.lines.first.strip}"
+    rescue ScriptError, StandardError => e
+      where = e.backtrace&.find { |l| l.include?(File.basename(path)) }&.split(":in")&.first
+      raise ConfigError, "cannot load #{path}: #{e.class}: #{e.message.lines.first&.strip}#{" (#{where})" if where}"
+    end
+  end
+end

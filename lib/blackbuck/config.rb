@@ -1,0 +1,186 @@
+# frozen_string_literal: true
+
+require "etc"
+require_relative "errors"
+
+module Blackbuck
+  # Every setting of the server: defaults in one hash, each directive validated by a tiny
+  # setter, errors naming the directive. The CLI, the config file (Config::DSL) and the rack
+  # handler all go through #set. docs/CONFIGURATION.md documents each key.
+  class Config
+    KIB = 1024
+    MIB = 1024 * KIB
+
+    DEFAULTS = {
+      listen: [],                     # addresses; empty -> "#{host}:#{port}"
+      host: "0.0.0.0",
+      port: nil,                      # nil -> $PORT, else 9292
+      backlog: 1024,                  # listen(2) queue length
+      unix_socket_mode: nil,          # e.g. 0o660; nil keeps the umask's
+      workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count
+      rackup: "config.ru",
+      environment: nil,               # nil -> $RACK_ENV, else "development"
+      pid: nil,                       # pid file path
+      log: nil,                       # log file path; nil -> stderr
+      max_requests_per_child: 0,      # requests; 0 = never recycle
+      min_requests_per_child: nil,    # requests; each worker's limit is random in [min, max]
+      timeout: 60,                    # seconds a request may run before the worker is replaced
+      graceful_timeout: 30,           # seconds TERM waits for in-flight requests
+      keepalive: true,
+      keepalive_timeout: 75,          # seconds an idle keep-alive connection is kept (> common LB idle of 60 s)
+      max_keepalive_requests: 1000,   # requests per connection, then "Connection: close"
+      header_timeout: 30,             # seconds to receive a whole request head -> 408
+      body_timeout: 30,               # seconds without a byte of request body -> 408
+      write_timeout: 30,              # seconds a client may stop reading the response
+      max_connections: 1024,          # open client connections per worker; at the cap a worker stops accepting
+      max_request_line: 8 * KIB,      # bytes -> 414
+      max_uri: 8 * KIB,               # bytes -> 414
+      max_headers: 100,               # header fields -> 431
+      max_header_bytes: 64 * KIB,     # bytes of request head -> 431
+      max_body: 100 * MIB,            # bytes of request body -> 413 (0 = no limit)
+      body_buffer: 112 * KIB,         # bytes; larger bodies are spilled to a tempfile
+      oob_gc: 0,                      # run GC between requests every N requests; 0 = off
+      before_fork: nil,               # proc(server, worker_index), in the master
+      after_fork: nil,                # proc(server, worker_index), in the worker
+      after_worker_exit: nil,         # proc(server, worker_index, Process::Status), in the master
+      before_exec: nil                # proc(server), before a re-exec (hot restart)
+    }.freeze
+
+    HOOKS = %i[before_fork after_fork after_worker_exit before_exec].freeze
+
+    attr_reader :values
+
+    def initialize
+      @values = DEFAULTS.dup
+      @values[:listen] = []
+    end
+
+    def [](key) = @values.fetch(key)
+
+    def set(key, value)
+      key = key.to_sym
+      raise ConfigError, "unknown setting #{key}" unless DEFAULTS.key?(key) || key == :listen_one
+
+      case key
+      when :listen then value.each { |a| set(:listen_one, a) }
+      when :listen_one then @values[:listen] << string(:listen, value)
+      when :host, :rackup, :environment, :pid, :log then @values[key] = string(key, value)
+      when :port then @values[key] = int(key, value, 0, 65_535)
+      when :keepalive then @values[key] = bool(key, value)
+      when :unix_socket_mode then @values[key] = mode(key, value)
+      when :workers then @values[key] = int(key, value, 1, 4096)
+      when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
+        @values[key] = seconds(key, value)
+      when :max_headers then @values[key] = int(key, value, 1, 1000)
+      when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
+      when :min_requests_per_child
+        @values[key] = value.nil? ? nil : int(key, value, 0)
+      when *HOOKS then @values[key] = hook(key, value)
+      else @values[key] = int(key, value, key.to_s.start_with?("max_request_line", "max_uri", "max_header") ? 64 : 0)
+      end
+      self
+    end
+
+    # Values derived once the sources are merged.
+    def finalize!(env = ENV)
+      @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : 9292
+      @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Etc.nprocessors
+      @values[:environment] ||= env["RACK_ENV"] || "development"
+      @values[:listen] = ["#{@values[:host]}:#{@values[:port]}"] if @values[:listen].empty?
+      min = @values[:min_requests_per_child]
+      max = @values[:max_requests_per_child]
+      if min && max.positive? && min > max
+        raise ConfigError, "min_requests_per_child (#{min}) is larger than max_requests_per_child (#{max})"
+      end
+
+      self
+    end
+
+    private
+
+    def int(key, value, min = 0, max = nil)
+      n = value.is_a?(Integer) ? value : Integer(value.to_s, 10)
+      raise ArgumentError if n < min || (max && n > max)
+
+      n
+    rescue ArgumentError, TypeError
+      range = max ? "#{min}..#{max}" : ">= #{min}"
+      raise ConfigError, "#{key} must be an integer #{range}, got #{value.inspect}"
+    end
+
+    def seconds(key, value)
+      n = value.is_a?(Numeric) ? value : Float(value.to_s)
+      raise ArgumentError unless n.positive? && n.finite?
+
+      n
+    rescue ArgumentError, TypeError
+      raise ConfigError, "#{key} must be a positive number of seconds, got #{value.inspect}"
+    end
+
+    def bool(key, value)
+      case value
+      when true, "true", "yes", "1", "on" then true
+      when false, "false", "no", "0", "off" then false
+      else raise ConfigError, "#{key} must be true or false, got #{value.inspect}"
+      end
+    end
+
+    def string(key, value)
+      raise ConfigError, "#{key} must be a non-empty string, got #{value.inspect}" unless value.is_a?(String) && !value.empty?
+
+      value
+    end
+
+    def mode(key, value)
+      n = value.is_a?(Integer) ? value : Integer(value.to_s, 8)
+      raise ArgumentError unless n.between?(0, 0o777)
+
+      n
+    rescue ArgumentError, TypeError
+      raise ConfigError, "#{key} must be an octal file mode such as 0660, got #{value.inspect}"
+    end
+
+    def hook(key, value)
+      raise ConfigError, "#{key} must be a block or a Proc" unless value.respond_to?(:call)
+
+      value
+    end
+
+    # The config file language: `blackbuck -c config/blackbuck.rb`. Each directive is a
+    # method named like the setting; hooks take a block.
+    class DSL
+      def initialize(config)
+        @config = config
+      end
+
+      def self.load(config, path)
+        src = File.read(path)
+        new(config).instance_eval(src, path, 1)
+        config
+      rescue Errno::ENOENT, Errno::EACCES, Errno::EISDIR => e
+        raise ConfigError, "cannot read config file #{path}: #{e.message.sub(/ @ .*/, '')}"
+      rescue ConfigError => e
+        raise ConfigError, "#{path}: #{e.message}"
+      rescue ScriptError, StandardError => e
+        where = e.backtrace&.find { |l| l.start_with?(path) }&.split(":in")&.first || path
+        raise ConfigError, "#{where}: #{e.class}: #{e.message}"
+      end
+
+      def listen(*addresses) = addresses.each { |a| @config.set(:listen_one, a.to_s) }
+
+      (DEFAULTS.keys - %i[listen] - HOOKS).each do |key|
+        define_method(key) { |value| @config.set(key, value) }
+      end
+
+      HOOKS.each do |key|
+        define_method(key) { |&block| @config.set(key, block) }
+      end
+
+      def method_missing(name, *)
+        raise ConfigError, "unknown directive #{name}"
+      end
+
+      def respond_to_missing?(*) = false
+    end
+  end
+end

@@ -1,0 +1,164 @@
+# frozen_string_literal: true
+
+require "socket"
+require_relative "errors"
+
+module Blackbuck
+  # One listening socket: how it was named, its IO, and the env template its requests start from.
+  class Listener
+    attr_reader :io, :kind, :host, :port, :path, :name
+
+    def initialize(io:, kind:, host: nil, port: nil, path: nil, inherited: false)
+      @io = io
+      @kind = kind
+      @host = host
+      @port = port
+      @path = path
+      @inherited = inherited
+      @name = kind == :unix ? "unix:#{path}" : "http://#{host&.include?(':') ? "[#{host}]" : host}:#{port}"
+    end
+
+    def fd = @io.fileno
+    def tcp? = @kind == :tcp
+    def inherited? = @inherited
+
+    # Keys every request on this listener starts with; Conn#parse dups it.
+    def env_template(rack_version)
+      server_name = tcp? ? (host.include?(":") ? "[#{host}]" : host) : "localhost"
+      {
+        "rack.version" => rack_version,
+        "rack.url_scheme" => "http",
+        "rack.errors" => $stderr,
+        "rack.multithread" => false,
+        "rack.multiprocess" => true,
+        "rack.run_once" => false,
+        "rack.hijack?" => true,
+        "SCRIPT_NAME" => "",
+        "SERVER_NAME" => server_name,
+        "SERVER_PORT" => (tcp? ? port : 80).to_s,
+        "SERVER_SOFTWARE" => "Blackbuck/#{VERSION}"
+      }.freeze
+    end
+
+    # On shutdown: close, and remove the socket file we created (never an inherited one).
+    def close
+      @io.close unless @io.closed?
+      File.unlink(@path) if @kind == :unix && !@inherited && File.socket?(@path)
+    rescue SystemCallError, IOError
+      nil
+    end
+  end
+
+  # Parses listen addresses, binds them, or takes them over from a parent
+  # (Server::Starter's SERVER_STARTER_PORT, systemd's LISTEN_FDS).
+  module Listeners
+    module_function
+
+    # "HOST:PORT", ":PORT", "PORT", "[::1]:PORT", "/path.sock", "unix:/path.sock" -> [kind, host, port | path]
+    def parse(addr)
+      a = addr.to_s.strip
+      case a
+      when %r{\Aunix:(.+)\z} then [:unix, nil, Regexp.last_match(1)]
+      when %r{\A[/.~]} then [:unix, nil, File.expand_path(a)]
+      when /\A\[([0-9a-fA-F:.]+)\]:(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr)]
+      when /\A(\d+)\z/ then [:tcp, "0.0.0.0", port!(Regexp.last_match(1), addr)]
+      when /\A:(\d+)\z/ then [:tcp, "0.0.0.0", port!(Regexp.last_match(1), addr)]
+      when /\A([^:\s\[\]]+):(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr)]
+      else raise ConfigError, "invalid listen address #{addr.inspect} (want HOST:PORT, :PORT, [::1]:PORT or unix:/path)"
+      end
+    end
+
+    def port!(str, addr)
+      n = Integer(str, 10)
+      raise ConfigError, "invalid port in listen address #{addr.inspect}" unless n.between?(0, 65_535)
+
+      n
+    end
+
+    def bind(addr, backlog:, unix_mode: nil)
+      kind, host, where = parse(addr)
+      kind == :unix ? bind_unix(where, backlog, unix_mode) : bind_tcp(host, where, backlog)
+    end
+
+    def bind_tcp(host, port, backlog)
+      ai = Addrinfo.getaddrinfo(host, port, nil, :STREAM, nil, Socket::AI_PASSIVE).first
+      raise ConfigError, "cannot resolve #{host}" unless ai
+
+      sock = Socket.new(ai.afamily, Socket::SOCK_STREAM, 0)
+      sock.setsockopt(Socket::SOL_SOCKET, Socket::SO_REUSEADDR, true)
+      sock.setsockopt(Socket::IPPROTO_IPV6, Socket::IPV6_V6ONLY, true) if ai.ipv6?
+      sock.bind(ai)
+      sock.listen(backlog)
+      Native.defer_accept(sock.fileno, 1)
+      bound = sock.local_address
+      Listener.new(io: sock, kind: :tcp, host: bound.ip_address, port: bound.ip_port)
+    rescue SocketError => e
+      raise ConfigError, "cannot resolve #{host}: #{e.message}"
+    rescue SystemCallError => e
+      sock&.close
+      raise ConfigError, "cannot listen on #{host}:#{port}: #{e.message}"
+    end
+
+    def bind_unix(path, backlog, mode)
+      remove_stale_socket(path)
+      sock = Socket.new(:UNIX, :STREAM, 0)
+      sock.bind(Socket.sockaddr_un(path))
+      File.chmod(mode, path) if mode
+      sock.listen(backlog)
+      Listener.new(io: sock, kind: :unix, path: path)
+    rescue ArgumentError => e # path too long for sun_path
+      raise ConfigError, "cannot listen on unix:#{path}: #{e.message}"
+    rescue SystemCallError => e
+      sock&.close
+      raise ConfigError, "cannot listen on unix:#{path}: #{e.message}"
+    end
+
+    # A socket file nobody accepts on is stale (a crashed server): replace it. One a live
+    # server answers on, or a file that is not a socket, is an error.
+    def remove_stale_socket(path)
+      return unless File.exist?(path) || File.symlink?(path)
+      raise ConfigError, "cannot listen on unix:#{path}: the file exists and is not a socket" unless File.socket?(path)
+
+      begin
+        UNIXSocket.new(path).close
+        raise ConfigError, "cannot listen on unix:#{path}: another server is listening there"
+      rescue Errno::ECONNREFUSED, Errno::ENOENT
+        File.unlink(path) if File.socket?(path)
+      end
+    end
+
+    # Listeners a parent process bound for us. Server::Starter: "0.0.0.0:8080=3;/tmp/app.sock=4".
+    # systemd: LISTEN_PID == our pid, LISTEN_FDS = n, fds 3..3+n-1.
+    def inherited(env = ENV)
+      if (spec = env["SERVER_STARTER_PORT"])
+        from_server_starter(spec)
+      elsif env["LISTEN_FDS"] && env["LISTEN_PID"].to_i == Process.pid
+        (3...(3 + env["LISTEN_FDS"].to_i)).map { |fd| from_fd(fd) }
+      else
+        []
+      end
+    end
+
+    def from_server_starter(spec)
+      spec.split(";").reject(&:empty?).map do |pair|
+        key, fd = pair.split("=", 2)
+        raise ConfigError, "invalid SERVER_STARTER_PORT entry #{pair.inspect}" unless fd&.match?(/\A\d+\z/)
+
+        from_fd(Integer(fd, 10))
+      end
+    end
+
+    def from_fd(fd)
+      sock = Socket.for_fd(fd)
+      sock.autoclose = true
+      addr = sock.local_address
+      if addr.unix?
+        Listener.new(io: sock, kind: :unix, path: addr.unix_path, inherited: true)
+      else
+        Listener.new(io: sock, kind: :tcp, host: addr.ip_address, port: addr.ip_port, inherited: true)
+      end
+    rescue SystemCallError => e
+      raise ConfigError, "inherited file descriptor #{fd} is not a listening socket: #{e.message}"
+    end
+  end
+end

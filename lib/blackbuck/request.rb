@@ -1,0 +1,132 @@
+# frozen_string_literal: true
+
+require "stringio"
+require "tempfile"
+
+module Blackbuck
+  # Turns the bytes of a connection into a complete request: head (parsed in C), then the
+  # body (Content-Length or chunked, decoded in C) into memory or, past body_buffer bytes,
+  # a tempfile. Hands the request to the worker only when all of it has arrived, so a slow
+  # or short upload never holds the worker.
+  class Request
+    EMPTY = "".b.freeze
+
+    def initialize(worker, config)
+      @worker = worker
+      @max_body = config[:max_body]
+      @body_buffer = config[:body_buffer]
+      @header_timeout = config[:header_timeout]
+      @body_timeout = config[:body_timeout]
+    end
+
+    # Makes as much progress as the buffered bytes allow.
+    def advance(conn)
+      if conn.state == Worker::BODY
+        read_body(conn)
+        return
+      end
+
+      env = conn.parse
+      case env
+      when Hash then start(conn, env)
+      when Integer then reject(conn, env)
+      else
+        if conn.state == Worker::IDLE && conn.buffered.positive?
+          conn.state = Worker::HEAD # the clock for a whole head starts with its first byte
+          conn.deadline = @worker.now + @header_timeout
+        end
+      end
+    end
+
+    # Answers a bad request with its status and closes the connection, so nothing the client
+    # sent after it is ever executed.
+    def reject(conn, status)
+      conn.write_error(status)
+      discard_sink(conn)
+      @worker.drop(conn)
+    end
+
+    private
+
+    def start(conn, env)
+      if conn.body_done?
+        env["rack.input"] = StringIO.new(EMPTY)
+        @worker.serve(conn, env)
+        return
+      end
+
+      length = conn.content_length
+      return reject(conn, 413) if @max_body.positive? && length > @max_body
+
+      conn.write_continue if conn.expect_continue?
+      conn.sink = if length >= 0 && length <= @body_buffer
+                    StringIO.new(String.new(capacity: length, encoding: Encoding::BINARY))
+                  elsif length > @body_buffer
+                    spill_file
+                  else
+                    StringIO.new(String.new(encoding: Encoding::BINARY))
+                  end
+      conn.env = env
+      conn.state = Worker::BODY
+      conn.deadline = @worker.now + @body_timeout
+      read_body(conn)
+    rescue SystemCallError => e # no room for a tempfile
+      @worker.logger.error("cannot buffer a request body: #{e.message}")
+      reject(conn, 503)
+    end
+
+    def read_body(conn)
+      loop do
+        data = conn.body_take
+        return reject(conn, data) if data.is_a?(Integer)
+
+        unless data.empty?
+          sink = conn.sink
+          return reject(conn, 413) if @max_body.positive? && sink.size + data.bytesize > @max_body
+
+          sink = spill(conn, sink) if sink.is_a?(StringIO) && sink.size + data.bytesize > @body_buffer
+          sink.write(data)
+        end
+        return body_complete(conn) if conn.body_done?
+        break if conn.buffered.zero?
+      end
+      conn.deadline = @worker.now + @body_timeout
+    rescue SystemCallError => e # ENOSPC while spilling
+      @worker.logger.error("cannot buffer a request body: #{e.message}")
+      reject(conn, 503)
+    end
+
+    def body_complete(conn)
+      env = conn.env
+      input = conn.sink
+      input.rewind
+      env["CONTENT_LENGTH"] = input.size.to_s if conn.chunked?
+      env["rack.input"] = input
+      conn.env = nil
+      conn.sink = nil
+      @worker.serve(conn, env)
+    ensure
+      input.close! if input.is_a?(Tempfile)
+    end
+
+    def spill(conn, sink)
+      file = spill_file
+      file.write(sink.string)
+      conn.sink = file
+    end
+
+    def spill_file
+      file = Tempfile.new("blackbuck-body")
+      file.binmode
+      file.unlink # no name left behind, even after a crash
+      file
+    end
+
+    def discard_sink(conn)
+      sink = conn.sink
+      sink.close! if sink.is_a?(Tempfile)
+      conn.sink = nil
+      conn.env = nil
+    end
+  end
+end

@@ -1,0 +1,190 @@
+# frozen_string_literal: true
+
+require "socket"
+require_relative "errors"
+
+module Blackbuck
+  # Calls the app and writes its answer. The framing rules live in C (Conn#write_response):
+  # an Array body goes out in one writev with Content-Length; an `each` body is streamed,
+  # chunked on HTTP/1.1 when the app gave no length; a Rack 3 callable body gets a stream.
+  # Returns :done, :hijacked or :closed.
+  class Response
+    RESPONSE_FINISHED = "rack.response_finished"
+    HIJACK = "rack.hijack"
+    EARLY_HINTS = "rack.early_hints"
+    CLOSED = Class.new(StandardError) # the client went away mid-body
+
+    def initialize(worker, config, app)
+      @worker = worker
+      @app = app
+      @logger = worker.logger
+      @timeout = config[:timeout]
+    end
+
+    def handle(conn, env)
+      finished = env[RESPONSE_FINISHED] = []
+      hooks = (conn.aux ||= ConnHooks.new(@worker, conn))
+      hooks.env = env
+      env[HIJACK] = hooks
+      env[EARLY_HINTS] = hooks.early_hints if env["SERVER_PROTOCOL"] == "HTTP/1.1"
+      status = headers = body = error = nil
+      begin
+        status, headers, body = @app.call(env)
+      rescue RequestTimeout => e
+        error = e
+        @logger.exception("request timeout (#{@timeout}s): #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+        @worker.retire("a request timed out")
+        return answer_error(conn, 503, hooks)
+      rescue StandardError, ScriptError, SystemStackError => e
+        error = e
+        @logger.exception("app error: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+        return answer_error(conn, 500, hooks)
+      end
+      return :hijacked if hooks.hijacked?
+
+      write(conn, status, headers, body, hooks)
+    rescue RequestTimeout => e
+      error = e
+      @logger.exception("request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+      @worker.retire("a request timed out")
+      @worker.drop(conn)
+      :closed
+    ensure
+      close_body(body)
+      finished&.each do |cb|
+        cb.call(env, status, headers, error)
+      rescue StandardError => e
+        @logger.exception("rack.response_finished callback", e)
+      end
+    end
+
+    private
+
+    def write(conn, status, headers, body, hooks)
+      status = Integer(status)
+      raise TypeError, "response headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
+
+      if (partial = headers[HIJACK])
+        conn.write_response(status, headers, nil, true)
+        partial.call(hooks.call)
+        return :hijacked
+      end
+
+      if body.is_a?(Array)
+        mode = conn.write_response(status, headers, body, false)
+      elsif body.respond_to?(:to_ary)
+        mode = conn.write_response(status, headers, body.to_ary, false)
+      else
+        mode = conn.write_response(status, headers, nil, false)
+        mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED) if mode >= Native::Conn::STREAM_CHUNKED
+      end
+      return :done unless mode == Native::Conn::WRITE_FAILED
+
+      @worker.drop(conn)
+      :closed
+    rescue CLOSED
+      @worker.drop(conn)
+      :closed
+    rescue StandardError => e
+      # Nothing was written when write_response raised (it validates first); a failure
+      # in the middle of a streamed body can only end the connection.
+      @logger.exception("invalid response", e)
+      answer_error(conn, 500, hooks)
+    end
+
+    def stream(conn, body, chunked)
+      if body.respond_to?(:each)
+        body.each { |part| conn.write_part(part, chunked) || raise(CLOSED) }
+      elsif body.respond_to?(:call)
+        out = Stream.new(conn, chunked)
+        body.call(out)
+        out.close
+      else
+        raise TypeError, "response body must respond to each or call, got #{body.class}"
+      end
+      conn.finish_body(chunked) || raise(CLOSED)
+      Native::Conn::WRITE_DONE
+    end
+
+    def answer_error(conn, status, hooks)
+      return :hijacked if hooks.hijacked?
+
+      conn.write_error(status) unless conn.closed?
+      @worker.drop(conn)
+      :closed
+    end
+
+    def close_body(body)
+      body.close if body.respond_to?(:close)
+    rescue StandardError => e
+      @logger.exception("body.close", e)
+    end
+
+    # The stream handed to a Rack 3 callable body: writes go out framed (chunked when needed).
+    class Stream
+      def initialize(conn, chunked)
+        @conn = conn
+        @chunked = chunked
+        @closed = false
+      end
+
+      def write(data)
+        raise IOError, "stream closed" if @closed
+
+        data = data.to_s
+        @conn.write_part(data, @chunked) || raise(CLOSED)
+        data.bytesize
+      end
+
+      def <<(data)
+        write(data)
+        self
+      end
+
+      def flush = self
+      def read(*) = nil
+      def close_read = nil
+      def close_write = (@closed = true)
+      def close = (@closed = true)
+      def closed? = @closed
+    end
+
+    # Per connection: the rack.hijack callable and the rack.early_hints callable.
+    class ConnHooks
+      attr_writer :env
+
+      def initialize(worker, conn)
+        @worker = worker
+        @conn = conn
+        @hijacked = false
+      end
+
+      def hijacked? = @hijacked
+
+      # rack.hijack: the app takes the socket; the worker forgets it.
+      def call
+        return @io if @hijacked
+
+        @worker.release(@conn)
+        fd = @conn.detach
+        @io = @conn.tcp? ? TCPSocket.for_fd(fd) : UNIXSocket.for_fd(fd)
+        @io.autoclose = true
+        @hijacked = true
+        @env["rack.hijack_io"] = @io if @env
+        @io
+      end
+
+      def early_hints
+        @early_hints ||= lambda do |headers|
+          lines = +"HTTP/1.1 103 Early Hints\r\n"
+          headers.each do |k, v|
+            Array(v).each { |one| one.to_s.split("\n").each { |x| lines << "#{k}: #{x}\r\n" } }
+          end
+          raise ArgumentError, "invalid early hint" if lines.count("\r") != lines.count("\n")
+
+          @conn.write_raw(lines << "\r\n")
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require "fcntl"
+require "rack"
+
+module Blackbuck
+  # Boots a server from a finished Config and a built app; shared by the CLI and the rack
+  # handler. Listeners come from the parent (Server::Starter, systemd) when it passed any,
+  # otherwise they are bound here.
+  module Server
+    module_function
+
+    def run(config, app, logger: Logger.new($stderr, path: config[:log]), env: ENV)
+      configure_native(config)
+      listeners = Listeners.inherited(env)
+      if listeners.empty?
+        listeners = config[:listen].map do |a|
+          Listeners.bind(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode])
+        end
+      end
+      listeners.each do |l|
+        l.io.fcntl(Fcntl::F_SETFL, l.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
+        logger.info("listening on #{l.name}#{' (inherited)' if l.inherited?}")
+      end
+      logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers, " \
+                  "parser #{Native.http_impl}, pid #{Process.pid}")
+      write_pid(config[:pid])
+      Supervisor.new(config: config, app: app, listeners: listeners, logger: logger).run
+    ensure
+      File.unlink(config[:pid]) if config[:pid] && File.exist?(config[:pid]) && File.read(config[:pid]).to_i == Process.pid
+    end
+
+    def configure_native(config)
+      Rack::Utils::HTTP_STATUS_CODES.each { |code, phrase| Native.set_reason(code, phrase) }
+      Native.configure(config[:max_request_line], config[:max_uri], config[:max_headers],
+                       config[:max_header_bytes], (config[:write_timeout] * 1000).to_i)
+    end
+
+    def write_pid(path)
+      return unless path
+
+      File.write(path, "#{Process.pid}\n")
+    rescue SystemCallError => e
+      raise ConfigError, "cannot write pid file #{path}: #{e.message}"
+    end
+  end
+end

@@ -1,0 +1,199 @@
+# frozen_string_literal: true
+
+require_relative "worker"
+
+module Blackbuck
+  # The master process: forks workers from the preloaded app, keeps their number, replaces
+  # the dead and the stuck, and turns signals into actions. Traps only enqueue and wake the
+  # loop; #run's `case` is the whole lifecycle (docs/SIGNALS.md follows it branch for branch).
+  class Supervisor
+    Child = Struct.new(:index, :pid, :control, :started_at, :timeout_sent_at)
+
+    SIGNALS = %i[TERM INT QUIT HUP TTIN TTOU USR1 CHLD].freeze
+    TIMEOUT_KILL_GRACE = 5  # seconds after the timeout notice (USR2) before SIGKILL
+    RESPAWN_BACKOFF = 1     # seconds to wait before replacing a worker that died within a second
+    STOP_MESSAGE = "q"      # master -> worker over the control pipe: finish and exit
+
+    def initialize(config:, app:, listeners:, logger:)
+      @config = config
+      @app = app
+      @listeners = listeners
+      @logger = logger
+      @wanted = config[:workers]
+      @children = {} # pid => Child
+      @queue = []
+      @stopping = false
+      @scoreboard = Native::Scoreboard.new([@wanted * 4, 64].max.clamp(1, 4096))
+    end
+
+    attr_reader :children
+
+    def run
+      @wake_r, @wake_w = IO.pipe
+      SIGNALS.each { |sig| trap(sig) { enqueue(sig) } }
+      $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
+      until @stopping
+        case (sig = @queue.shift)
+        when nil
+          reap
+          enforce_timeouts
+          spawn_missing
+          sleep_until_woken
+        when :TERM, :INT, :QUIT
+          @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s)")
+          @stopping = true
+        when :HUP
+          @logger.info("HUP: replacing every worker")
+          @children.each_value { |c| tell_stop(c) }
+        when :TTIN
+          @wanted += 1 if @wanted < @scoreboard.size
+          @logger.info("TTIN: workers = #{@wanted}")
+        when :TTOU
+          @wanted -= 1 if @wanted > 1
+          @logger.info("TTOU: workers = #{@wanted}")
+          @children.each_value { |c| tell_stop(c) if c.index >= @wanted }
+        when :USR1
+          @logger.reopen
+          @children.each_key { |pid| signal(:USR1, pid) }
+        when :CHLD
+          reap
+        else
+          raise "[BUG] unexpected signal #{sig}"
+        end
+      end
+      shutdown
+    end
+
+    private
+
+    def enqueue(sig)
+      @queue << sig
+      @wake_w.write_nonblock(".", exception: false)
+    end
+
+    def sleep_until_woken
+      IO.select([@wake_r], nil, nil, 1)
+      @wake_r.read_nonblock(1024, exception: false)
+    end
+
+    def spawn_missing
+      taken = @children.values.map(&:index)
+      (0...@wanted).each do |i|
+        next if taken.include?(i)
+        return if @respawn_after && Process.clock_gettime(Process::CLOCK_MONOTONIC) < @respawn_after
+
+        spawn(i)
+      end
+    end
+
+    def spawn(index)
+      control_r, control_w = IO.pipe
+      @config[:before_fork]&.call(self, index)
+      pid = fork do
+        control_w.close
+        [@wake_r, @wake_w].each(&:close)
+        @children.each_value { |c| c.control.close }
+        run_worker(index, control_r)
+      end
+      control_r.close
+      @children[pid] = Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), nil)
+    end
+
+    def run_worker(index, control)
+      SIGNALS.each { |sig| trap(sig, "DEFAULT") }
+      @config[:after_fork]&.call(self, index)
+      Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
+                 scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit).run
+      exit!(0)
+    rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
+      @logger.exception("worker #{index} crashed", e)
+      exit!(1)
+    end
+
+    # Each worker recycles after a number of requests drawn from [min, max], so they do not
+    # all restart at once.
+    def requests_limit
+      max = @config[:max_requests_per_child]
+      return 0 unless max.positive?
+
+      min = @config[:min_requests_per_child] || max
+      rand(min..max)
+    end
+
+    def reap
+      loop do
+        pid, status = Process.wait2(-1, Process::WNOHANG)
+        break unless pid
+
+        child = @children.delete(pid)
+        next unless child
+
+        child.control.close unless child.control.closed?
+        lived = Process.clock_gettime(Process::CLOCK_MONOTONIC) - child.started_at
+        how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
+        if status.success?
+          @logger.info("worker #{child.index} (pid #{pid}) #{how}")
+        else
+          @logger.warn("worker #{child.index} (pid #{pid}) #{how}#{'; replacing it' unless @stopping}")
+        end
+        @respawn_after = Process.clock_gettime(Process::CLOCK_MONOTONIC) + RESPAWN_BACKOFF if lived < 1 && !status.success?
+        @config[:after_worker_exit]&.call(self, child.index, status)
+      rescue Errno::ECHILD
+        break
+      end
+    end
+
+    # --timeout: USR2 makes the worker raise RequestTimeout inside the app (the client gets a
+    # 503 and the log a backtrace); a worker that does not come back is killed.
+    def enforce_timeouts
+      limit_ms = @config[:timeout] * 1000
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      @children.each_value do |c|
+        _pid, _state, _reqs, running_ms, _hb, _conns, method, path = @scoreboard.read(c.index)
+        if running_ms <= limit_ms
+          c.timeout_sent_at = nil
+        elsif c.timeout_sent_at.nil?
+          @logger.error("worker #{c.index} (pid #{c.pid}) timeout: #{method} #{path} running for #{running_ms / 1000.0}s")
+          c.timeout_sent_at = t
+          signal(:USR2, c.pid)
+        elsif t - c.timeout_sent_at > TIMEOUT_KILL_GRACE
+          @logger.error("worker #{c.index} (pid #{c.pid}) did not stop after the timeout; killing it")
+          signal(:KILL, c.pid)
+        end
+      end
+    end
+
+    def tell_stop(child)
+      child.control.write_nonblock(STOP_MESSAGE, exception: false) unless child.control.closed?
+    rescue IOError, SystemCallError
+      nil
+    end
+
+    def signal(sig, pid)
+      Process.kill(sig, pid)
+    rescue Errno::ESRCH
+      nil
+    end
+
+    # Stop accepting at once (the listening sockets close here and in every worker), let the
+    # workers finish what is in flight, then kill whatever is left after graceful_timeout.
+    def shutdown
+      @listeners.each(&:close)
+      @children.each_value { |c| tell_stop(c) }
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @config[:graceful_timeout] + 1
+      until @children.empty?
+        reap
+        break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+        sleep 0.05
+      end
+      @children.each_key do |pid|
+        @logger.warn("worker pid #{pid} still running after graceful_timeout; killing it")
+        signal(:KILL, pid)
+      end
+      reap
+      @logger.info("master (pid #{Process.pid}) exiting")
+      0
+    end
+  end
+end
