@@ -28,7 +28,7 @@ module Blackbuck
       graceful_timeout: 30,           # seconds TERM waits for in-flight requests
       keepalive: true,
       keepalive_timeout: 75,          # seconds an idle keep-alive connection is kept (> common LB idle of 60 s)
-      max_keepalive_requests: 1000,   # requests per connection, then "Connection: close"
+      max_keepalive_requests: 1000,   # requests per connection, then "Connection: close"; 0 = no cap
       header_timeout: 30,             # seconds to receive a whole request head -> 408
       body_timeout: 30,               # seconds without a byte of request body -> 408
       write_timeout: 30,              # seconds a client may stop reading the response

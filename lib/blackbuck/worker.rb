@@ -69,6 +69,9 @@ module Blackbuck
 
     # Called by Request once a whole request (head and body) is in: run the app, answer.
     def serve(conn, env)
+      # The last response on a connection says so ("Connection: close").
+      cap = @config[:max_keepalive_requests]
+      conn.no_keepalive! if @stopping || !@config[:keepalive] || (cap.positive? && conn.requests + 1 >= cap)
       @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"])
       @in_app = true
       begin
@@ -213,10 +216,7 @@ module Blackbuck
     # The response is out: keep the connection for the next request, or close it.
     def finish_response(conn)
       conn.next_request!
-      if !conn.keepalive? || !@config[:keepalive] || @stopping ||
-         conn.requests >= @config[:max_keepalive_requests]
-        return drop(conn)
-      end
+      return drop(conn) if !conn.keepalive? || @stopping
 
       conn.state = IDLE
       conn.deadline = now + @config[:keepalive_timeout]

@@ -1,0 +1,57 @@
+# frozen_string_literal: true
+
+# One app with a route per behaviour the integration tests check.
+require "json"
+require "digest"
+
+STARTED = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+class EachBody
+  def initialize(parts) = @parts = parts
+  def each(&) = @parts.each(&)
+  def close = (File.write(ENV["BB_CLOSE_MARK"], "closed") if ENV["BB_CLOSE_MARK"])
+end
+
+run lambda { |env|
+  path = env["PATH_INFO"]
+  case path
+  when "/hello" then [200, { "content-type" => "text/plain" }, ["hello world\n"]]
+  when "/env"
+    info = env.select { |_k, v| v.is_a?(String) }
+    info["rack.hijack.id"] = env["rack.hijack"].object_id.to_s
+    info["worker.pid"] = Process.pid.to_s
+    [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
+  when "/each" then [200, { "content-type" => "text/plain" }, EachBody.new(%w[a bb ccc])]
+  when "/each-length" then [200, { "Content-Length" => "6" }, EachBody.new(%w[a bb ccc])]
+  when "/callable"
+    [200, {}, ->(stream) { stream.write("streamed "); stream.write("body"); stream.close }]
+  when "/iovmax"
+    n = Integer(env["QUERY_STRING"][/n=(\d+)/, 1] || 3000)
+    [200, {}, Array.new(n) { |i| "#{i}," }]
+  when "/big" then [200, {}, ["x" * (Integer(env["QUERY_STRING"][/n=(\d+)/, 1] || 65_536))]]
+  when "/echo"
+    body = env["rack.input"].read
+    [200, { "x-input-class" => env["rack.input"].class.name, "x-content-length" => env["CONTENT_LENGTH"].to_s,
+            "x-sha256" => Digest::SHA256.hexdigest(body) }, [body]]
+  when "/status" then [Integer(env["QUERY_STRING"][/s=(\d+)/, 1]), {}, []]
+  when "/headers" then [200, { "set-cookie" => ["a=1", "b=2"], "x-multi" => "one\ntwo" }, ["ok"]]
+  when "/sleep"
+    sleep Float(env["QUERY_STRING"][/t=([\d.]+)/, 1] || 1)
+    [200, {}, ["slept\n"]]
+  when "/raise" then raise "boom from the app"
+  when "/bad-triplet" then [200, "not a hash", ["x"]]
+  when "/bad-part" then [200, {}, [:not_a_string]]
+  when "/bad-header" then [200, { "x-evil" => "a\r\nInjected: yes" }, ["x"]]
+  when "/hijack"
+    io = env["rack.hijack"].call
+    io.write("HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nhijacked")
+    io.close
+    [200, {}, []]
+  when "/finished"
+    env["rack.response_finished"] << ->(*) { File.write(ENV["BB_FINISHED_MARK"], "finished") }
+    [200, {}, ["ok"]]
+  when "/close-header" then [200, { "connection" => "close" }, ["bye"]]
+  when "/uptime" then [200, {}, [(Process.clock_gettime(Process::CLOCK_MONOTONIC) - STARTED).to_s]]
+  else [404, {}, ["not found\n"]]
+  end
+}

@@ -1,0 +1,14 @@
+# frozen_string_literal: true
+
+# C tests and benchmark of the HTTP parser (ext/blackbuck/bb_http.c); see test/c/Makefile.
+namespace :c do
+  desc "Parser C tests under ASan/UBSan, scalar and SSE4.2 (make -C test/c test)"
+  task :test do
+    sh "make -C test/c test"
+  end
+
+  desc "Parser benchmark: ns/request for the scalar and SSE4.2 scanners (make -C test/c bench)"
+  task :bench do
+    sh "make -C test/c bench"
+  end
+end

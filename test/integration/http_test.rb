@@ -1,0 +1,252 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+
+# Raw HTTP/1.x over real TCP and UNIX sockets against the real executable.
+class HTTPTest < ServerTest
+  def setup
+    @server = start_both(app: "kitchen.ru")
+  end
+
+  %i[tcp unix].each do |transport|
+    define_method("test_get_over_#{transport}") do
+      io = @server.public_send(transport)
+      res = request(io, "GET", "/hello")
+      assert_equal 200, res.status
+      assert_equal "hello world\n", res.body
+      assert_equal "12", res["content-length"], "an Array body gets a Content-Length"
+      assert_match(/\A\w{3}, \d{2} \w{3} \d{4} \d{2}:\d{2}:\d{2} GMT\z/, res["date"])
+      assert_nil res["connection"], "HTTP/1.1 keep-alive is implicit"
+    ensure
+      io&.close
+    end
+
+    define_method("test_keepalive_and_pipelining_over_#{transport}") do
+      io = @server.public_send(transport)
+      3.times { |i| assert_equal "hello world\n", request(io, "GET", "/hello?#{i}").body }
+      # three requests in one write: answered in order on the same connection
+      io.write(%w[/hello /each /status?s=201].map { |p| "GET #{p} HTTP/1.1\r\nHost: x\r\n\r\n" }.join)
+      assert_equal "hello world\n", read_response(io).body
+      assert_equal "abbccc", read_response(io).body
+      assert_equal 201, read_response(io).status
+    ensure
+      io&.close
+    end
+  end
+
+  def test_each_body_is_chunked_on_http11_and_close_delimited_on_http10
+    io = @server.tcp
+    res = request(io, "GET", "/each")
+    assert_equal "chunked", res["transfer-encoding"]
+    assert_nil res["content-length"]
+    assert_equal "abbccc", res.body
+    io.close
+
+    io = @server.tcp
+    res = request(io, "GET", "/each", version: "1.0")
+    assert_nil res["transfer-encoding"]
+    assert_equal "close", res["connection"]
+    assert_equal "abbccc", res.body
+    assert closed_by_peer?(io)
+  ensure
+    io&.close
+  end
+
+  def test_app_content_length_is_passed_through_case_insensitively
+    io = @server.tcp
+    res = request(io, "GET", "/each-length")
+    assert_equal "6", res["content-length"]
+    assert_nil res["transfer-encoding"], "a Content-Length from the app (any case) means no chunking"
+    assert_equal "abbccc", res.body
+    assert_equal 1, res.raw.scan(/content-length/i).size
+  ensure
+    io&.close
+  end
+
+  def test_rack3_callable_body_is_streamed
+    io = @server.tcp
+    res = request(io, "GET", "/callable")
+    assert_equal "streamed body", res.body
+    assert_equal "chunked", res["transfer-encoding"]
+    assert_equal 200, request(io, "GET", "/hello").status, "the connection stays usable"
+  ensure
+    io&.close
+  end
+
+  def test_http10_keepalive_is_honoured
+    io = @server.tcp
+    res = request(io, "GET", "/hello", version: "1.0", headers: { "Connection" => "keep-alive" })
+    assert_equal "keep-alive", res["connection"]
+    res = request(io, "GET", "/hello", version: "1.0", headers: { "Connection" => "keep-alive" })
+    assert_equal 200, res.status
+    res = request(io, "GET", "/hello", version: "1.0")
+    assert_equal "close", res["connection"]
+    assert closed_by_peer?(io)
+  ensure
+    io&.close
+  end
+
+  def test_connection_close_from_client_and_from_app
+    io = @server.tcp
+    res = request(io, "GET", "/hello", headers: { "Connection" => "close" })
+    assert_equal "close", res["connection"]
+    assert closed_by_peer?(io)
+    io.close
+    io = @server.tcp
+    res = request(io, "GET", "/close-header")
+    assert_equal "close", res["connection"]
+    assert_equal "bye", res.body
+    assert closed_by_peer?(io)
+  ensure
+    io&.close
+  end
+
+  def test_head_204_304_have_no_body
+    io = @server.tcp
+    res = request(io, "HEAD", "/hello")
+    assert_equal 200, res.status
+    assert_equal "", res.body
+    # the connection is still in sync: a body would have been read as the next response
+    [204, 304].each do |s|
+      res = request(io, "GET", "/status?s=#{s}")
+      assert_equal s, res.status
+      assert_nil res["content-length"]
+      assert_nil res["transfer-encoding"]
+    end
+    assert_equal "hello world\n", request(io, "GET", "/hello").body
+  ensure
+    io&.close
+  end
+
+  def test_array_body_larger_than_iov_max
+    io = @server.unix
+    n = 5000 # IOV_MAX is 1024 on Linux
+    res = request(io, "GET", "/iovmax?n=#{n}")
+    expected = Array.new(n) { |i| "#{i}," }.join
+    assert_equal expected.bytesize, res["content-length"].to_i
+    assert_equal expected, res.body
+    assert_equal 200, request(io, "GET", "/hello").status
+  ensure
+    io&.close
+  end
+
+  def test_large_response_to_a_slow_reader_does_not_block_others
+    slow = @server.tcp
+    slow.write("GET /big?n=#{8 * 1024 * 1024} HTTP/1.1\r\nHost: x\r\n\r\n") # far more than socket buffers
+    sleep 0.3
+    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    io = @server.tcp
+    assert_equal 200, request(io, "GET", "/hello").status
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :<, 2
+    res = read_response(slow, timeout: 30)
+    assert_equal 8 * 1024 * 1024, res.body.bytesize
+  ensure
+    io&.close
+    slow&.close
+  end
+
+  def test_env
+    io = @server.tcp
+    res = request(io, "GET", "/env?a=1&b=%20", headers: { "Host" => "example.com:8080", "X-Thing" => "v1",
+                                                          "Cookie" => "a=1" })
+    env = JSON.parse(res.body)
+    assert_equal "GET", env["REQUEST_METHOD"]
+    assert_equal "/env", env["PATH_INFO"]
+    assert_equal "a=1&b=%20", env["QUERY_STRING"]
+    assert_equal "example.com", env["SERVER_NAME"]
+    assert_equal "8080", env["SERVER_PORT"]
+    assert_equal "127.0.0.1", env["REMOTE_ADDR"]
+    assert_equal "HTTP/1.1", env["SERVER_PROTOCOL"]
+    assert_equal "v1", env["HTTP_X_THING"]
+    assert_equal "http", env["rack.url_scheme"]
+    assert_equal "", env["SCRIPT_NAME"]
+    refute env.key?("HTTP_CONTENT_LENGTH")
+  ensure
+    io&.close
+  end
+
+  def test_repeated_headers_are_joined_and_underscored_names_dropped
+    io = @server.tcp
+    io.write("GET /env HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nX-A: 2\r\nCookie: a=1\r\nCookie: b=2\r\n" \
+             "X-Forwarded-For: 10.0.0.1\r\nX_Forwarded_For: 6.6.6.6\r\n\r\n")
+    env = JSON.parse(read_response(io).body)
+    assert_equal "1, 2", env["HTTP_X_A"]
+    assert_equal "a=1; b=2", env["HTTP_COOKIE"]
+    assert_equal "10.0.0.1", env["HTTP_X_FORWARDED_FOR"], "X_Forwarded_For must not overwrite X-Forwarded-For"
+  ensure
+    io&.close
+  end
+
+  def test_response_headers_arrays_and_newlines_become_separate_lines
+    io = @server.tcp
+    res = request(io, "GET", "/headers")
+    assert_equal 2, res.raw.scan(/^set-cookie: /).size
+    assert_includes res.raw, "x-multi: one\r\nx-multi: two\r\n"
+  ensure
+    io&.close
+  end
+
+  def test_response_splitting_is_refused_with_500
+    io = @server.tcp
+    res = request(io, "GET", "/bad-header")
+    assert_equal 500, res.status
+    refute_includes res.raw, "Injected"
+  ensure
+    io&.close
+  end
+
+  def test_host_without_port_uses_default_port
+    io = @server.tcp
+    env = JSON.parse(request(io, "GET", "/env", headers: { "Host" => "example.com" }).body)
+    assert_equal "80", env["SERVER_PORT"]
+    io.close
+    io = @server.tcp
+    io.write("GET /env HTTP/1.0\r\n\r\n") # HTTP/1.0 may omit Host: the listener's address stands in
+    env = JSON.parse(read_response(io).body)
+    assert_equal "127.0.0.1", env["SERVER_NAME"]
+    assert_equal @server.tcp_port.to_s, env["SERVER_PORT"]
+  ensure
+    io&.close
+  end
+
+  def test_full_hijack
+    io = @server.tcp
+    res = request(io, "GET", "/hijack")
+    assert_equal "hijacked", res.body
+    assert closed_by_peer?(io)
+    io2 = @server.tcp
+    assert_equal 200, request(io2, "GET", "/hello").status, "the worker goes on after a hijack"
+  ensure
+    io&.close
+    io2&.close
+  end
+
+  def test_idle_keepalive_connections_do_not_block_a_fresh_request
+    idle = Array.new(60) { @server.tcp } # one worker; Unicorn/Rhebok would be stuck on the first
+    idle.each_with_index { |s, i| request(s, "GET", "/hello?#{i}") } # now all are idle keep-alive
+    partial = Array.new(20) { @server.unix.tap { |s| s.write("GET / HTTP/1.1\r\nHo") } } # mid-head
+    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    io = @server.tcp
+    assert_equal 200, request(io, "GET", "/hello").status
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :<, 1.0
+  ensure
+    io&.close
+    idle&.each(&:close)
+    partial&.each(&:close)
+  end
+end
+
+class IPv6Test < ServerTest
+  def test_ipv6_listener_and_remote_addr
+    skip "no IPv6 loopback here" unless Socket.ip_address_list.any?(&:ipv6_loopback?)
+    server = start_server(["-l", "[::1]:0"], app: "kitchen.ru")
+    io = TCPSocket.new("::1", server.tcp_port)
+    env = JSON.parse(request(io, "GET", "/env", headers: { "Host" => "[::1]:#{server.tcp_port}" }).body)
+    assert_equal "::1", env["REMOTE_ADDR"]
+    assert_equal "[::1]", env["SERVER_NAME"]
+    assert_equal server.tcp_port.to_s, env["SERVER_PORT"]
+  ensure
+    io&.close
+  end
+end

@@ -1,0 +1,238 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "socket"
+require "tmpdir"
+require "timeout"
+require "fileutils"
+require "rbconfig"
+
+ROOT = File.expand_path("..", __dir__)
+EXE = File.join(ROOT, "exe", "blackbuck")
+APPS = File.join(__dir__, "apps")
+
+# A real `exe/blackbuck` process. Listeners are bound to port 0 and the real port is read
+# from the "listening on" log lines, so there are no port races. Its log is printed when a
+# test fails.
+class ServerProcess
+  attr_reader :pid, :log_path, :addrs, :dir
+
+  def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true)
+    @dir = dir || Dir.mktmpdir("bb-test")
+    @log_path = File.join(@dir, "server.log")
+    @workers = workers
+    rackup = app.start_with?("/") ? app : File.join(APPS, app)
+    cmd = [RbConfig.ruby, EXE, "-w", workers.to_s, *args, rackup]
+    @pid = Process.spawn(env, *cmd, out: @log_path, err: @log_path, pgroup: true)
+    wait_ready if wait
+  end
+
+  def log = File.exist?(@log_path) ? File.read(@log_path) : ""
+
+  def wait_ready(timeout: 20)
+    deadline = now + timeout
+    loop do
+      l = log
+      if l.scan(/worker \d+ \(pid \d+\) ready/).size >= @workers
+        @addrs = l.scan(/listening on (\S+)/).flatten
+        return self
+      end
+      raise "server exited early:\n#{l}" if exited?
+      raise "server not ready after #{timeout}s:\n#{l}" if now > deadline
+
+      sleep 0.05
+    end
+  end
+
+  def tcp_port = Integer(@addrs.find { |a| a.start_with?("http://") }[/:(\d+)\z/, 1])
+  def tcp_host = @addrs.find { |a| a.start_with?("http://") }[%r{http://\[?([^\]]+?)\]?:\d+\z}, 1]
+  def unix_path = @addrs.find { |a| a.start_with?("unix:") }&.delete_prefix("unix:")
+
+  def tcp = TCPSocket.new(tcp_host, tcp_port)
+  def unix = UNIXSocket.new(unix_path)
+
+  def exited?
+    return true if @status
+
+    pid, status = Process.waitpid2(@pid, Process::WNOHANG)
+    @status = status if pid
+    !@status.nil?
+  end
+
+  def status
+    exited?
+    @status
+  end
+
+  def signal(sig) = Process.kill(sig, @pid)
+
+  # Waits for the master to exit; returns its Process::Status or nil on timeout.
+  def wait_exit(timeout = 15)
+    deadline = now + timeout
+    until exited?
+      return nil if now > deadline
+
+      sleep 0.05
+    end
+    @status
+  end
+
+  # TERM, then KILL the whole process group if it lingers. Never by name.
+  def stop
+    return if exited? && !group_alive?
+
+    begin
+      Process.kill(:TERM, @pid) unless exited?
+    rescue Errno::ESRCH
+      nil
+    end
+    wait_exit(10)
+    kill_group
+  end
+
+  def kill_group
+    Process.kill(:KILL, -@pid) if group_alive?
+  rescue Errno::ESRCH, Errno::EPERM
+    nil
+  ensure
+    begin
+      Process.waitpid(@pid) unless @status
+    rescue Errno::ECHILD
+      nil
+    end
+  end
+
+  def group_alive?
+    Process.kill(0, -@pid)
+    true
+  rescue Errno::ESRCH, Errno::EPERM
+    false
+  end
+
+  def worker_pids = log.scan(/worker \d+ \(pid (\d+)\) ready/).flatten.map(&:to_i)
+
+  private
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+end
+
+# A parsed HTTP/1.x response.
+Response = Struct.new(:status, :headers, :body, :raw) do
+  def [](name) = headers[name.downcase]
+end
+
+module HTTPHelpers
+  # Reads one response from io (Content-Length, chunked, or until EOF). nil if the peer closed first.
+  def read_response(io, head_request: false, timeout: 10)
+    buf = +""
+    Timeout.timeout(timeout) do
+      buf << io.readpartial(65_536) until buf.include?("\r\n\r\n")
+      head, rest = buf.split("\r\n\r\n", 2)
+      lines = head.split("\r\n")
+      status = lines.shift[/\AHTTP\/1\.[01] (\d{3})/, 1].to_i
+      headers = {}
+      lines.each do |l|
+        k, v = l.split(":", 2)
+        key = k.downcase
+        headers[key] = headers.key?(key) ? "#{headers[key]}, #{v.strip}" : v.strip
+      end
+      body = +""
+      if head_request || status == 204 || status == 304 || (100..199).cover?(status)
+        io.ungetbyte(rest) unless rest.empty? # rubocop:disable Style/SoleNestedConditional
+      elsif headers["transfer-encoding"]&.include?("chunked")
+        data = rest
+        loop do
+          data << io.readpartial(65_536) until data.include?("\r\n")
+          size_line, data = data.split("\r\n", 2)
+          size = size_line.to_i(16)
+          if size.zero?
+            data << io.readpartial(65_536) until data.include?("\r\n")
+            data = data.split("\r\n", 2)[1]
+            io.ungetbyte(data) unless data.empty?
+            break
+          end
+          data << io.readpartial(65_536) while data.bytesize < size + 2
+          body << data.byteslice(0, size)
+          data = data.byteslice(size + 2..)
+        end
+      elsif (len = headers["content-length"])
+        len = len.to_i
+        rest << io.readpartial(65_536) while rest.bytesize < len
+        body = rest.byteslice(0, len)
+        extra = rest.byteslice(len..)
+        io.ungetbyte(extra) unless extra.empty?
+      else
+        body = rest
+        begin
+          loop { body << io.readpartial(65_536) }
+        rescue EOFError
+          nil
+        end
+      end
+      Response.new(status, headers, body, head)
+    end
+  rescue EOFError, Errno::ECONNRESET
+    nil
+  end
+
+  def request(io, method, path, headers: {}, body: nil, version: "1.1")
+    h = { "Host" => "localhost" }.merge(headers)
+    h["Content-Length"] = body.bytesize.to_s if body && !h.key?("Transfer-Encoding")
+    io.write("#{method} #{path} HTTP/#{version}\r\n#{h.map { |k, v| "#{k}: #{v}\r\n" }.join}\r\n#{body}")
+    read_response(io, head_request: method == "HEAD")
+  end
+
+  # Sends raw bytes on a fresh connection and reads until EOF (or timeout).
+  def raw(server, data, transport: :tcp, timeout: 10)
+    io = transport == :tcp ? server.tcp : server.unix
+    io.write(data)
+    out = +""
+    Timeout.timeout(timeout) do
+      loop { out << io.readpartial(65_536) }
+    end
+  rescue EOFError, Errno::ECONNRESET
+    out
+  ensure
+    io&.close
+  end
+
+  # True when the peer closed: read returns EOF (or reset) within timeout.
+  def closed_by_peer?(io, timeout: 5)
+    Timeout.timeout(timeout) { loop { io.readpartial(65_536) } }
+  rescue EOFError, Errno::ECONNRESET
+    true
+  rescue Timeout::Error
+    false
+  end
+end
+
+# Base class: starts servers through #start_server, stops them after each test, and dumps
+# their logs when a test fails.
+class ServerTest < Minitest::Test
+  include HTTPHelpers
+
+  def start_server(args = [], **opts)
+    s = ServerProcess.new(args, **opts)
+    (@servers ||= []) << s
+    s
+  rescue StandardError
+    (@servers ||= []) << s if s
+    raise
+  end
+
+  # Listeners on TCP 127.0.0.1 and a UNIX socket in a fresh directory.
+  def start_both(args = [], **opts)
+    dir = Dir.mktmpdir("bb-test")
+    start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", *args], dir: dir, **opts)
+  end
+
+  def teardown
+    (@servers || []).each do |s|
+      s.stop
+      unless passed?
+        warn "\n--- server log (#{name}) ---\n#{s.log}--- end ---"
+      end
+      FileUtils.rm_rf(s.dir) if s.dir&.include?("bb-test")
+    end
+  end
+end
