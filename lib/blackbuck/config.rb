@@ -112,7 +112,7 @@ module Blackbuck
       n = value.is_a?(Numeric) ? value : Float(value.to_s)
       raise ArgumentError unless n.positive? && n.finite?
 
-      n
+      n == n.to_i ? n.to_i : n
     rescue ArgumentError, TypeError
       raise ConfigError, "#{key} must be a positive number of seconds, got #{value.inspect}"
     end

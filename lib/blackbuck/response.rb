@@ -70,6 +70,7 @@ module Blackbuck
         return :hijacked
       end
 
+      conn.no_keepalive! if @worker.stopping?
       if body.is_a?(Array)
         mode = conn.write_response(status, headers, body, false)
       elsif body.respond_to?(:to_ary)

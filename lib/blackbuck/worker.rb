@@ -17,6 +17,7 @@ module Blackbuck
     HEAD = 1  # part of a request head received
     BODY = 2  # reading the request body
     WRITE = 3 # response bytes waiting for the client
+    BUSY = 4  # its request is in the app
 
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn
@@ -67,11 +68,14 @@ module Blackbuck
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
+    def stopping? = @stopping
+
     # Called by Request once a whole request (head and body) is in: run the app, answer.
     def serve(conn, env)
       # The last response on a connection says so ("Connection: close").
       cap = @config[:max_keepalive_requests]
       conn.no_keepalive! if @stopping || !@config[:keepalive] || (cap.positive? && conn.requests + 1 >= cap)
+      conn.state = BUSY
       @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"])
       @in_app = true
       begin
@@ -154,6 +158,8 @@ module Blackbuck
 
     def accept_from(listener)
       ACCEPT_BATCH.times do
+        return if @stopping # a request served just now may have started a stop
+
         if @conns.size >= @config[:max_connections]
           pause_accepting
           return

@@ -1,0 +1,97 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "net/http"
+require "json"
+require "open3"
+
+# Real clients: curl, Net::HTTP, and nginx proxying to the UNIX socket with upstream keep-alive.
+class RealClientsTest < ServerTest
+  def setup
+    @server = start_both(app: "kitchen.ru")
+  end
+
+  def test_curl_over_tcp_and_unix
+    skip "curl is not installed" unless system("command -v curl > /dev/null")
+    out, status = Open3.capture2("curl", "-sS", "--max-time", "10", "http://127.0.0.1:#{@server.tcp_port}/hello")
+    assert status.success?
+    assert_equal "hello world\n", out
+    out, status = Open3.capture2("curl", "-sS", "--max-time", "10", "--unix-socket", @server.unix_path,
+                                 "-d", "posted", "http://localhost/echo")
+    assert status.success?
+    assert_equal "posted", out
+    out, status = Open3.capture2("curl", "-sS", "--max-time", "10", "-T", "-", "-H", "Transfer-Encoding: chunked",
+                                 "http://127.0.0.1:#{@server.tcp_port}/echo", stdin_data: "streamed upload")
+    assert status.success?
+    assert_equal "streamed upload", out
+  end
+
+  def test_net_http_keepalive_session
+    Net::HTTP.start("127.0.0.1", @server.tcp_port, read_timeout: 10) do |http|
+      ids = Array.new(5) { JSON.parse(http.get("/env").body)["rack.hijack.id"] }
+      assert_equal 1, ids.uniq.size, "Net::HTTP reused one connection for all five requests"
+      res = http.post("/echo", "x" * 10_000, "Content-Type" => "application/octet-stream")
+      assert_equal 10_000, res.body.bytesize
+      res = http.get("/each")
+      assert_equal "abbccc", res.body
+    end
+  end
+
+  def test_nginx_proxy_with_upstream_keepalive
+    nginx = "/usr/sbin/nginx"
+    skip "nginx is not installed" unless File.executable?(nginx)
+    dir = Dir.mktmpdir("bb-nginx")
+    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    File.write("#{dir}/nginx.conf", <<~CONF)
+      #{'user root;' if Process.uid.zero?} # else its workers could not reach the socket in our 0700 tmpdir
+      worker_processes 1;
+      daemon off;
+      pid #{dir}/nginx.pid;
+      error_log #{dir}/error.log;
+      events { worker_connections 256; }
+      http {
+        access_log off;
+        client_body_temp_path #{dir}/body; proxy_temp_path #{dir}/proxy;
+        fastcgi_temp_path #{dir}/fcgi; uwsgi_temp_path #{dir}/uwsgi; scgi_temp_path #{dir}/scgi;
+        upstream app { server unix:#{@server.unix_path}; keepalive 8; }
+        server {
+          listen 127.0.0.1:#{port};
+          location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+          }
+        }
+      }
+    CONF
+    pid = Process.spawn(nginx, "-p", dir, "-c", "#{dir}/nginx.conf", out: "#{dir}/out.log", err: "#{dir}/out.log")
+    Timeout.timeout(10) do
+      TCPSocket.new("127.0.0.1", port).close
+    rescue Errno::ECONNREFUSED
+      sleep 0.05
+      retry
+    end
+    ids = Array.new(20) do
+      Net::HTTP.start("127.0.0.1", port) do |http| # a new client connection each time
+        res = http.get("/env")
+        assert_equal 200, res.code.to_i
+        env = JSON.parse(res.body)
+        assert_equal "127.0.0.1", env["HTTP_X_FORWARDED_FOR"]
+        env["rack.hijack.id"]
+      end
+    end
+    assert_operator ids.uniq.size, :<=, 2, "nginx kept its upstream connection alive across client connections"
+    Net::HTTP.start("127.0.0.1", port) do |http|
+      assert_equal "abbccc", http.get("/each").body, "chunked response through nginx"
+      assert_equal "y" * 50_000, http.post("/echo", "y" * 50_000).body
+    end
+  ensure
+    if pid
+      Process.kill(:TERM, pid)
+      Process.wait(pid)
+    end
+    FileUtils.rm_rf(dir) if dir
+  end
+end

@@ -1,0 +1,148 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+
+# Tests that fork, signal and wait: the master/worker lifecycle.
+class ProcessLifecycleTest < ServerTest
+  def wait_for(timeout = 15)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    until (v = yield)
+      raise "condition not met within #{timeout}s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+    v
+  end
+
+  def test_graceful_term_finishes_the_request_in_flight_then_refuses_new_connections
+    server = start_both(app: "kitchen.ru")
+    idle = server.tcp
+    assert_equal 200, request(idle, "GET", "/hello").status # an idle keep-alive connection
+    busy = server.unix
+    busy.write("GET /sleep?t=1.5 HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep 0.3
+    server.signal(:TERM)
+    res = read_response(busy, timeout: 10)
+    assert_equal 200, res.status
+    assert_equal "slept\n", res.body
+    assert closed_by_peer?(busy), "then the connection is closed"
+    assert closed_by_peer?(idle), "idle keep-alive connections are closed"
+    status = server.wait_exit(15)
+    assert status&.success?, "master exits 0 after a graceful stop"
+    assert_raises(Errno::ECONNREFUSED, Errno::ENOENT) { server.tcp }
+  ensure
+    [idle, busy].each { |s| s&.close }
+  end
+
+  def test_int_is_graceful_too
+    server = start_server(["-l", "127.0.0.1:0"])
+    server.signal(:INT)
+    assert server.wait_exit(15)&.success?
+  end
+
+  def test_a_killed_worker_is_replaced
+    server = start_server(["-l", "127.0.0.1:0"], app: "kitchen.ru")
+    old = server.worker_pids.first
+    io = server.tcp
+    io.write("GET /sleep?t=5 HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep 0.3
+    Process.kill(:KILL, old)
+    assert closed_by_peer?(io), "the client of the dead worker sees the connection end, not a hang"
+    wait_for { (server.worker_pids - [old]).any? }
+    assert_match(/worker 0 \(pid #{old}\) killed by SIGKILL; replacing it/, server.log)
+    io2 = server.tcp
+    assert_equal 200, request(io2, "GET", "/hello").status
+  ensure
+    io&.close
+    io2&.close
+  end
+
+  def test_ttin_and_ttou
+    server = start_server(["-l", "127.0.0.1:0"], workers: 1)
+    server.signal(:TTIN)
+    wait_for { server.log.include?("worker 1 (pid") }
+    server.signal(:TTOU)
+    wait_for { server.log.match?(/worker 1 \(pid \d+\) exited with status 0/) }
+  end
+
+  def test_request_timeout_answers_503_logs_and_replaces_the_worker
+    server = start_server(["-l", "127.0.0.1:0", "--timeout", "1"], app: "kitchen.ru")
+    old = server.worker_pids.first
+    io = server.tcp
+    res = request(io, "GET", "/sleep?t=30")
+    assert_equal 503, res.status, "the client gets an answer, not a reset"
+    log = server.log
+    assert_match(%r{timeout: GET /sleep running for}, log)
+    assert_match(%r{request timeout \(1s\): GET /sleep: Blackbuck::RequestTimeout}, log)
+    assert_match(/kitchen\.ru:\d+/, log, "with the backtrace of the stuck code")
+    wait_for { (server.worker_pids - [old]).any? }
+  ensure
+    io&.close
+  end
+
+  def test_recycling_after_max_requests_with_jitter_and_no_failed_request
+    server = start_server(["-l", "127.0.0.1:0", "--max-requests-per-child", "6", "--min-requests-per-child", "3"],
+                          app: "kitchen.ru")
+    pids = []
+    30.times do
+      io = server.tcp
+      res = request(io, "GET", "/env")
+      assert_equal 200, res.status
+      pids << JSON.parse(res.body)["worker.pid"]
+      io.close
+    end
+    runs = pids.chunk_while { |a, b| a == b }.map(&:size)
+    assert_operator runs.size, :>=, 4, "30 requests at <= 6 per worker: at least 5 workers served"
+    assert runs[0..-2].all? { |n| n.between?(3, 6) }, "each worker served between min and max: #{runs}"
+  end
+
+  def test_hup_replaces_every_worker
+    server = start_server(["-l", "127.0.0.1:0"], workers: 2)
+    old = server.worker_pids
+    server.signal(:HUP)
+    wait_for { (server.worker_pids - old).size >= 2 }
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status
+  ensure
+    io&.close
+  end
+
+  # "Pretend to be systemd" (and Server::Starter): the test binds, the server inherits.
+  def test_inherits_listen_fds_and_server_starter_port
+    sock = TCPServer.new("127.0.0.1", 0)
+    port = sock.addr[1]
+    dir = Dir.mktmpdir("bb-test")
+    log = "#{dir}/log"
+    script = "LISTEN_PID=$$ LISTEN_FDS=1 exec #{RbConfig.ruby} #{EXE} -w 1 #{APPS}/hello.ru"
+    pid = Process.spawn("sh", "-c", script, 3 => sock, out: log, err: log, pgroup: true)
+    Timeout.timeout(15) { sleep 0.05 until File.read(log).include?("ready") }
+    assert_includes File.read(log), "listening on http://127.0.0.1:#{port} (inherited)"
+    io = TCPSocket.new("127.0.0.1", port)
+    assert_equal 200, request(io, "GET", "/").status
+    io.close
+    Process.kill(:TERM, pid)
+    Process.wait(pid)
+    pid = nil
+
+    log = "#{dir}/log2"
+    usock = UNIXServer.new("#{dir}/ss.sock")
+    env = { "SERVER_STARTER_PORT" => "127.0.0.1:#{port}=3;#{dir}/ss.sock=4" }
+    pid = Process.spawn(env, RbConfig.ruby, EXE, "-w", "1", "#{APPS}/hello.ru", 3 => sock, 4 => usock,
+                        out: log, err: log, pgroup: true)
+    Timeout.timeout(15) { sleep 0.05 until File.exist?(log) && File.read(log).include?("ready") }
+    io = UNIXSocket.new("#{dir}/ss.sock")
+    assert_equal 200, request(io, "GET", "/").status
+    io.close
+    Process.kill(:TERM, pid)
+    Process.wait(pid)
+    pid = nil
+    assert File.socket?("#{dir}/ss.sock"), "an inherited UNIX socket is left for the next generation"
+  ensure
+    if pid
+      Process.kill(:KILL, -pid)
+      Process.wait(pid)
+    end
+    warn File.read(log) if log && !passed? && File.exist?(log)
+  end
+end
