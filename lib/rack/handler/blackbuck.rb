@@ -7,7 +7,11 @@ require_relative "../../blackbuck/rack_handler"
 if defined?(Rack::Handler) && Rack::Handler.respond_to?(:register)
   module Rack
     module Handler
-      Blackbuck = ::Blackbuck::RackHandler
+      # `rackup -s blackbuck` on Rack 2.2. Rack::Handler.get looks the registered name up.
+      module Blackbuck
+        def self.run(app, options = {}, **kw, &block) = ::Blackbuck::RackHandler.run(app, **options, **kw, &block)
+        def self.valid_options = ::Blackbuck::RackHandler.valid_options
+      end
       register :blackbuck, Blackbuck
     end
   end
