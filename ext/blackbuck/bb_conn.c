@@ -67,7 +67,7 @@ struct conn {
 
 static VALUE cConn;
 static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
-    k_remote_addr, k_server_name, k_server_port, k_content_length, k_content_type, v_http10, v_http11, v_port80;
+    k_remote_addr, k_server_name, k_server_port, k_content_length, k_content_type, k_connection, v_http10, v_http11, v_port80;
 
 static void conn_mark(void *p)
 {
@@ -276,6 +276,7 @@ static VALUE conn_parse(VALUE self)
     rb_hash_aset(env, k_server_protocol, req.minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_http_version, req.minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
+    rb_hash_aset(env, k_connection, self);
     for (i = 0; i < req.num_headers; i++) add_header(env, &headers[i]);
     if (req.host_index >= 0) set_host(env, headers[req.host_index].value, headers[req.host_index].value_len);
 
@@ -878,6 +879,7 @@ void bb_init_conn(void)
     k_server_port = reg(bb_fstring("SERVER_PORT", 11));
     k_content_length = reg(bb_fstring("CONTENT_LENGTH", 14));
     k_content_type = reg(bb_fstring("CONTENT_TYPE", 12));
+    k_connection = reg(bb_fstring("blackbuck.connection", 20));
     v_http10 = reg(bb_fstring("HTTP/1.0", 8));
     v_http11 = reg(bb_fstring("HTTP/1.1", 8));
     v_port80 = reg(bb_fstring("80", 2));

@@ -22,8 +22,12 @@ module Blackbuck
     def tcp? = @kind == :tcp
     def inherited? = @inherited
 
-    # Keys every request on this listener starts with; Conn#parse dups it.
+    # Keys every request on this listener starts with; Conn#parse dups it. Built once.
     def env_template(rack_version)
+      @env_template ||= build_env_template(rack_version)
+    end
+
+    def build_env_template(rack_version)
       server_name = tcp? ? (host.include?(":") ? "[#{host}]" : host) : "localhost"
       {
         "rack.version" => rack_version,

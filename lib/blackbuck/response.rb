@@ -17,14 +17,15 @@ module Blackbuck
     def initialize(worker, config, app)
       @worker = worker
       @app = app
+      @hooks = ConnHooks.new(worker)
       @logger = worker.logger
       @timeout = config[:timeout]
     end
 
     def handle(conn, env)
       finished = env[RESPONSE_FINISHED] = []
-      hooks = (conn.aux ||= ConnHooks.new(@worker, conn))
-      hooks.env = env
+      hooks = @hooks
+      hooks.start(conn, env)
       env[HIJACK] = hooks
       env[EARLY_HINTS] = hooks.early_hints if env["SERVER_PROTOCOL"] == "HTTP/1.1"
       status = headers = body = error = nil
@@ -150,14 +151,20 @@ module Blackbuck
       def closed? = @closed
     end
 
-    # Per connection: the rack.hijack callable and the rack.early_hints callable.
+    # The rack.hijack and rack.early_hints callables. A worker runs one request at a time,
+    # so one object per worker serves them all, pointed at the current request by #start.
     class ConnHooks
-      attr_writer :env
-
-      def initialize(worker, conn)
+      def initialize(worker)
         @worker = worker
-        @conn = conn
         @hijacked = false
+        @io = nil
+      end
+
+      def start(conn, env)
+        @conn = conn
+        @env = env
+        @hijacked = false
+        @io = nil
       end
 
       def hijacked? = @hijacked

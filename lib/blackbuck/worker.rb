@@ -46,12 +46,21 @@ module Blackbuck
       @in_app = false
       @gc_pending = false
       @paused = false
+      # Settings read on every request, fetched once.
+      @max_keepalive_requests = config[:max_keepalive_requests]
+      @keepalive = config[:keepalive]
+      @keepalive_timeout = config[:keepalive_timeout]
+      @header_timeout = config[:header_timeout]
+      @write_timeout = config[:write_timeout]
+      @max_connections = config[:max_connections]
+      @oob_gc = config[:oob_gc]
       @request = Request.new(self, config)
       @response = Response.new(self, config, app)
     end
 
     def run
       install_traps
+      @rack_version = Blackbuck.rack_version
       @poller = Native::Poller.new(256)
       @listener_by_fd = {}
       @listeners.each do |l|
@@ -73,8 +82,8 @@ module Blackbuck
     # Called by Request once a whole request (head and body) is in: run the app, answer.
     def serve(conn, env)
       # The last response on a connection says so ("Connection: close").
-      cap = @config[:max_keepalive_requests]
-      conn.no_keepalive! if @stopping || !@config[:keepalive] || (cap.positive? && conn.requests + 1 >= cap)
+      cap = @max_keepalive_requests
+      conn.no_keepalive! if @stopping || !@keepalive || (cap.positive? && conn.requests + 1 >= cap)
       conn.state = BUSY
       @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"])
       @in_app = true
@@ -85,14 +94,14 @@ module Blackbuck
         @scoreboard.request_done(@index, 1)
       end
       @served += 1
-      @gc_pending = true if @config[:oob_gc].positive? && (@served % @config[:oob_gc]).zero?
+      @gc_pending = true if @oob_gc.positive? && (@served % @oob_gc).zero?
       begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
       return forget(conn) if mode == :hijacked
       return if mode == :closed
 
       if conn.pending_output?
         conn.state = WRITE
-        conn.deadline = now + @config[:write_timeout]
+        conn.deadline = now + @write_timeout
         watch(conn, OUT)
       else
         finish_response(conn)
@@ -160,17 +169,16 @@ module Blackbuck
       ACCEPT_BATCH.times do
         return if @stopping # a request served just now may have started a stop
 
-        if @conns.size >= @config[:max_connections]
+        if @conns.size >= @max_connections
           pause_accepting
           return
         end
         fd, addr = Native.accept(listener.fd, listener.tcp?)
         return unless fd
 
-        conn = Native::Conn.new(fd, addr, listener.env_template(@rack_version ||= Blackbuck.rack_version), listener.tcp?)
+        conn = Native::Conn.new(fd, addr, listener.env_template(@rack_version), listener.tcp?)
         @conns[fd] = conn
-        conn.state = IDLE
-        conn.deadline = now + @config[:header_timeout]
+        conn.deadline = now + @header_timeout
         # Optimistic read: on a busy server the request is usually there already.
         on_readable(conn)
         watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)
@@ -188,7 +196,7 @@ module Blackbuck
     end
 
     def resume_accepting
-      return unless @paused && !@stopping && @conns.size < @config[:max_connections]
+      return unless @paused && !@stopping && @conns.size < @max_connections
 
       @paused = false
       @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) }
@@ -225,7 +233,7 @@ module Blackbuck
       return drop(conn) if !conn.keepalive? || @stopping
 
       conn.state = IDLE
-      conn.deadline = now + @config[:keepalive_timeout]
+      conn.deadline = now + @keepalive_timeout
       return if conn.buffered.zero?
 
       # Pipelined requests: answer in order, but give other connections a turn now and then.

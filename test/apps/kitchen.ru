@@ -18,7 +18,7 @@ run lambda { |env|
   when "/hello" then [200, { "content-type" => "text/plain" }, ["hello world\n"]]
   when "/env"
     info = env.select { |_k, v| v.is_a?(String) }
-    info["rack.hijack.id"] = env["rack.hijack"].object_id.to_s
+    info["connection.id"] = env["blackbuck.connection"].object_id.to_s
     info["worker.pid"] = Process.pid.to_s
     [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
   when "/each" then [200, { "content-type" => "text/plain" }, EachBody.new(%w[a bb ccc])]

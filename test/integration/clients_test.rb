@@ -28,7 +28,7 @@ class RealClientsTest < ServerTest
 
   def test_net_http_keepalive_session
     Net::HTTP.start("127.0.0.1", @server.tcp_port, read_timeout: 10) do |http|
-      ids = Array.new(5) { JSON.parse(http.get("/env").body)["rack.hijack.id"] }
+      ids = Array.new(5) { JSON.parse(http.get("/env").body)["connection.id"] }
       assert_equal 1, ids.uniq.size, "Net::HTTP reused one connection for all five requests"
       res = http.post("/echo", "x" * 10_000, "Content-Type" => "application/octet-stream")
       assert_equal 10_000, res.body.bytesize
@@ -79,7 +79,7 @@ class RealClientsTest < ServerTest
         assert_equal 200, res.code.to_i
         env = JSON.parse(res.body)
         assert_equal "127.0.0.1", env["HTTP_X_FORWARDED_FOR"]
-        env["rack.hijack.id"]
+        env["connection.id"]
       end
     end
     assert_operator ids.uniq.size, :<=, 2, "nginx kept its upstream connection alive across client connections"
