@@ -578,6 +578,10 @@ struct crow {
 #define CERR(c, s, st) { .comment = c, CIN(s), .ret = -1, .status = st }
 #define CMORE(c, s, o) { .comment = c, CIN(s), COUT(o), .ret = -2 }
 
+#define X50 "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMN"
+#define X200 X50 X50 X50 X50
+#define X300 X200 X50 X50
+
 static const struct crow crows[] = {
     COK("one chunk", "5\r\nhello\r\n0\r\n\r\n", "hello", 0),
     COK("empty body", "0\r\n\r\n", "", 0),
@@ -590,6 +594,7 @@ static const struct crow crows[] = {
     COK("trailers", "5\r\nhello\r\n0\r\nX-Sum: abc\r\nY:\r\nZ: caf\xc3\xa9\t!\r\n\r\n", "hello", 0),
     COK("pipelined bytes after the body", "2\r\nhi\r\n0\r\n\r\nGET / HTTP/1.1\r\n", "hi", 16),
     COK("CRLF inside the data is data", "4\r\n\r\n\r\n\r\n0\r\n\r\n", "\r\n\r\n", 0),
+    COK("chunks larger than a read", "12c\r\n" X300 "\r\n" "c8;x=1\r\n" X200 "\r\n0\r\n\r\n", X300 X200, 0),
     CMORE("nothing", "", ""),
     CMORE("partial data", "5\r\nhel", "hel"),
     CMORE("missing final CRLF", "5\r\nhello\r\n0\r\n", "hello"),
@@ -641,15 +646,15 @@ static const struct crow crows[] = {
 struct cresult {
     long ret;
     int status;
-    char out[256];
+    char out[1024];
     size_t out_len;
-    char rest[256];
+    char rest[1024];
     size_t rest_len;
 };
 
 static void cr_append(char *dst, size_t *dlen, const char *src, size_t n)
 {
-    if (*dlen + n > 256) n = 256 - *dlen;
+    if (*dlen + n > 1024) n = 1024 - *dlen;
     memcpy(dst + *dlen, src, n);
     *dlen += n;
 }

@@ -1,0 +1,162 @@
+/*
+ * fuzz_request.c - libFuzzer target for bb_parse_request.
+ *
+ * For each input, under two limit profiles (defaults, and small limits that
+ * put every limit in reach):
+ *   - invariants: result is > 0, -1 or -2; consumed <= len; on -1 the status is
+ *     400/414/431/501/505; on success every returned pointer lies inside the
+ *     consumed head and num_headers <= capacity;
+ *   - differential: scalar and SSE4.2 give identical results (when available);
+ *   - incremental: a split chosen from the input (prefix, then the whole with
+ *     last_len) and byte-at-a-time feeding give the one-shot result.
+ * Any difference calls abort().
+ */
+#include "bb_http.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CAP 100
+
+struct outcome {
+    int ret, status;
+    long method, target, path, query;
+    size_t method_len, target_len, path_len, query_len;
+    int minor;
+    size_t nh;
+    long long cl;
+    int host;
+    unsigned flags;
+    long h[4 * CAP];
+};
+
+static long off(const char *p, const char *base) { return p ? (long)(p - base) : -1; }
+
+static void fail(const char *what)
+{
+    fprintf(stderr, "fuzz_request: %s\n", what);
+    abort();
+}
+
+static void in_head(const char *p, size_t n, const char *base, int ret)
+{
+    if (p == NULL) return;
+    if (p < base || p + n > base + ret) fail("pointer outside the consumed head");
+}
+
+static void parse(const char *buf, size_t len, size_t last_len, const struct bb_limits *lim,
+                  size_t cap, struct outcome *o)
+{
+    struct bb_header h[CAP];
+    struct bb_request req;
+    memset(&req, 0, sizeof(req));
+    memset(o, 0, sizeof(*o));
+    req.headers = h;
+    req.num_headers = cap;
+    o->ret = bb_parse_request(buf, len, last_len, &req, lim);
+    if (o->ret == -2) {
+        if (req.num_headers != cap) fail("num_headers changed on -2");
+        return;
+    }
+    if (o->ret == -1) {
+        o->status = req.status;
+        if (req.num_headers != cap) fail("num_headers changed on -1");
+        if (!(o->status == 400 || o->status == 414 || o->status == 431 || o->status == 501 ||
+              o->status == 505)) fail("unexpected status");
+        return;
+    }
+    if (o->ret <= 0 || (size_t)o->ret > len) fail("bad return value");
+    if (req.num_headers > cap || req.num_headers > lim->max_headers) fail("too many headers");
+    if ((size_t)o->ret > lim->max_header_bytes) fail("head over max_header_bytes");
+    if (req.target_len > lim->max_uri) fail("target over max_uri");
+    if (req.minor_version != 0 && req.minor_version != 1) fail("minor_version");
+    if (req.host_index >= (int)req.num_headers) fail("host_index");
+    if ((req.flags & BB_F_CHUNKED) && req.content_length != -1) fail("chunked with content_length");
+    in_head(req.method, req.method_len, buf, o->ret);
+    in_head(req.target, req.target_len, buf, o->ret);
+    in_head(req.path, req.path_len, buf, o->ret);
+    in_head(req.query, req.query_len, buf, o->ret);
+    if (!req.method || !req.target || !req.path) fail("NULL method/target/path");
+    o->method = off(req.method, buf);
+    o->target = off(req.target, buf);
+    o->path = off(req.path, buf);
+    o->query = off(req.query, buf);
+    o->method_len = req.method_len;
+    o->target_len = req.target_len;
+    o->path_len = req.path_len;
+    o->query_len = req.query_len;
+    o->minor = req.minor_version;
+    o->nh = req.num_headers;
+    o->cl = req.content_length;
+    o->host = req.host_index;
+    o->flags = req.flags;
+    for (size_t i = 0; i < req.num_headers; i++) {
+        in_head(h[i].name, h[i].name_len, buf, o->ret);
+        in_head(h[i].value, h[i].value_len, buf, o->ret);
+        o->h[4 * i] = off(h[i].name, buf);
+        o->h[4 * i + 1] = (long)h[i].name_len;
+        o->h[4 * i + 2] = off(h[i].value, buf);
+        o->h[4 * i + 3] = (long)h[i].value_len;
+    }
+}
+
+static void check_profile(const char *buf, size_t len, const struct bb_limits *lim, size_t cap,
+                          int have_simd)
+{
+    struct outcome one, other;
+
+    bb_http_force_impl(0);
+    parse(buf, len, 0, lim, cap, &one);
+    if (have_simd) {
+        bb_http_force_impl(1);
+        parse(buf, len, 0, lim, cap, &other);
+        if (memcmp(&one, &other, sizeof(one)) != 0) fail("scalar and SSE4.2 differ");
+    }
+
+    /* one split, chosen from the input */
+    if (len > 1) {
+        uint32_t hsh = 2166136261u;
+        for (size_t i = 0; i < len; i++) hsh = (hsh ^ (unsigned char)buf[i]) * 16777619u;
+        size_t k = 1 + hsh % (len - 1);
+        parse(buf, k, 0, lim, cap, &other);
+        if (other.ret == -2) parse(buf, len, k, lim, cap, &other);
+        if (memcmp(&one, &other, sizeof(one)) != 0) fail("split result differs from one-shot");
+    }
+
+    /* byte at a time (bounded: the cost is quadratic in the worst case) */
+    if (len <= 2048) {
+        size_t last = 0;
+        other.ret = -2;
+        for (size_t k = 1; k <= len; k++) {
+            parse(buf, k, last, lim, cap, &other);
+            if (other.ret != -2) break;
+            last = k;
+        }
+        if (len == 0) parse(buf, 0, 0, lim, cap, &other);
+        if (memcmp(&one, &other, sizeof(one)) != 0) fail("byte-at-a-time result differs from one-shot");
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static int have_simd = -1;
+    if (have_simd < 0) have_simd = bb_http_force_impl(1) == 0;
+
+    /* an exact-size heap copy, so ASan sees any over-read */
+    char *buf = malloc(size ? size : 1);
+    if (!buf) return 0;
+    memcpy(buf, data, size);
+
+    struct bb_limits lim;
+    bb_limits_default(&lim);
+    check_profile(buf, size, &lim, CAP, have_simd);
+
+    struct bb_limits small = { .max_request_line = 64, .max_uri = 32, .max_headers = 8,
+                               .max_header_bytes = 256 };
+    check_profile(buf, size, &small, 6, have_simd);
+
+    free(buf);
+    return 0;
+}
