@@ -1,0 +1,76 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "blackbuck"
+
+class ListenersParseTest < Minitest::Test
+  def test_forms
+    {
+      "127.0.0.1:8080" => [:tcp, "127.0.0.1", 8080],
+      ":8080" => [:tcp, "0.0.0.0", 8080],
+      "8080" => [:tcp, "0.0.0.0", 8080],
+      "localhost:0" => [:tcp, "localhost", 0],
+      "[::1]:9000" => [:tcp, "::1", 9000],
+      "unix:/tmp/a.sock" => [:unix, nil, "/tmp/a.sock"],
+      "/tmp/b.sock" => [:unix, nil, "/tmp/b.sock"]
+    }.each { |addr, want| assert_equal want, Blackbuck::Listeners.parse(addr), addr }
+  end
+
+  def test_bad_forms
+    ["", "host:", "a:b:c", "[::1]", "127.0.0.1:70000", "http://x:1"].each do |a|
+      assert_raises(Blackbuck::ConfigError, a.inspect) { Blackbuck::Listeners.parse(a) }
+    end
+  end
+
+  def test_server_starter_spec
+    err = assert_raises(Blackbuck::ConfigError) { Blackbuck::Listeners.from_server_starter("0.0.0.0:80=x") }
+    assert_match(/invalid SERVER_STARTER_PORT entry/, err.message)
+    assert_equal [], Blackbuck::Listeners.inherited({ "SERVER_STARTER_PORT" => "" })
+    assert_equal [], Blackbuck::Listeners.inherited({ "LISTEN_FDS" => "1", "LISTEN_PID" => "1" }), "not our pid"
+  end
+end
+
+class ConfigTest < Minitest::Test
+  def config = Blackbuck::Config.new
+
+  def test_defaults_and_finalize
+    c = config.finalize!({ "PORT" => "5000", "WEB_CONCURRENCY" => "3" })
+    assert_equal ["0.0.0.0:5000"], c[:listen]
+    assert_equal 3, c[:workers]
+    assert_equal "development", c[:environment]
+    assert_equal 75, c[:keepalive_timeout]
+    c = config.finalize!({})
+    assert_equal ["0.0.0.0:9292"], c[:listen]
+    assert_equal Etc.nprocessors, c[:workers]
+  end
+
+  def test_validation_names_the_setting
+    {
+      [:workers, "0"] => /workers must be an integer 1\.\.4096/,
+      [:timeout, "soon"] => /timeout must be a positive number of seconds/,
+      [:keepalive, "maybe"] => /keepalive must be true or false/,
+      [:unix_socket_mode, "999"] => /unix_socket_mode must be an octal file mode/,
+      [:max_headers, 5000] => /max_headers must be an integer 1\.\.1000/,
+      [:before_fork, 3] => /before_fork must be a block or a Proc/,
+      [:nonsense, 1] => /unknown setting nonsense/
+    }.each do |(k, v), pattern|
+      err = assert_raises(Blackbuck::ConfigError) { config.set(k, v) }
+      assert_match pattern, err.message
+    end
+  end
+
+  def test_values_are_converted
+    c = config
+    c.set(:timeout, "1.5").set(:workers, "4").set(:unix_socket_mode, "0660").set(:keepalive, "false")
+    assert_equal 1.5, c[:timeout]
+    assert_equal 4, c[:workers]
+    assert_equal 0o660, c[:unix_socket_mode]
+    assert_equal false, c[:keepalive]
+    assert_equal 2, config.set(:timeout, "2")[:timeout]
+  end
+
+  def test_min_above_max_is_an_error
+    c = config.set(:max_requests_per_child, 10).set(:min_requests_per_child, 20)
+    assert_raises(Blackbuck::ConfigError) { c.finalize!({}) }
+  end
+end
