@@ -64,6 +64,8 @@ module Blackbuck
              &set(:timeout))
         o.on("--graceful-timeout SEC", "how long TERM waits for in-flight requests (default 30)", &set(:graceful_timeout))
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
+        o.on("--max-memory-per-child KIB", "recycle a worker whose RSS passes KIB (0 = off)", &set(:max_memory_per_child))
+        o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR", &set(:stats_listen))
         o.separator ""
         o.separator "Connections:"
         o.on("--[no-]keepalive", "HTTP persistent connections (default on)", &set(:keepalive))
@@ -72,6 +74,8 @@ module Blackbuck
         o.on("--max-connections N", "open connections per worker (default 1024)", &set(:max_connections))
         o.on("--header-timeout SEC", "time to receive a request head, else 408 (default 30)", &set(:header_timeout))
         o.on("--body-timeout SEC", "time without request-body bytes, else 408 (default 30)", &set(:body_timeout))
+        o.on("--min-body-rate BYTES", "bytes/s a body must average after 10 s, else 408 (default 1024; 0 = off)",
+             &set(:min_body_rate))
         o.on("--write-timeout SEC", "time a client may stop reading a response (default 30)", &set(:write_timeout))
         o.separator ""
         o.separator "Limits:"

@@ -2,6 +2,7 @@
 
 require_relative "../test_helper"
 require "json"
+require "etc"
 
 # Tests that fork, signal and wait: the master/worker lifecycle.
 class ProcessLifecycleTest < ServerTest
@@ -144,5 +145,20 @@ class ProcessLifecycleTest < ServerTest
       Process.wait(pid)
     end
     warn File.read(log) if log && !passed? && File.exist?(log)
+  end
+end
+
+# Rhebok's workers spun at ~85% CPU when idle on Ruby 3; ours sleep in epoll_wait.
+class IdleCPUTest < ServerTest
+  def test_idle_workers_use_no_cpu
+    server = start_server(["-l", "127.0.0.1:0"], workers: 2)
+    sleep 0.5
+    ticks = lambda do
+      server.worker_pids.sum { |p| File.read("/proc/#{p}/stat").split(") ").last.split[11, 2].sum(&:to_i) }
+    end
+    before = ticks.call
+    sleep 2
+    used = (ticks.call - before) * 1000 / Etc.sysconf(Etc::SC_CLK_TCK)
+    assert_operator used, :<, 100, "two idle workers used #{used} ms of CPU in 2 s"
   end
 end

@@ -1,0 +1,3 @@
+# frozen_string_literal: true
+# The seed app: no Content-Length, so an HTTP/1.1 server must chunk it (or close after it).
+run lambda { |_env| [200, {}, ["hello world\n"]] }

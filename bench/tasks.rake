@@ -1,0 +1,27 @@
+# frozen_string_literal: true
+
+# Loaded by the project's Rakefile. Both benchmark tasks tolerate absent servers (reported in
+# the table). BENCH_ARGS passes flags through, e.g. BENCH_ARGS="--servers blackbuck,nginx".
+desc "Full benchmark matrix (bench/README.md); writes bench/results/latest.{json,md,png}"
+task :bench do
+  ENV["BLACKBUCK_BENCH_COMMAND"] ||= "bundle exec rake bench"
+  ruby File.join(__dir__, "run.rb"), *ENV.fetch("BENCH_ARGS", "").split
+end
+
+namespace :bench do
+  desc "Reduced benchmark for CI (< 3 min): every server, TCP and UNIX socket, both modes"
+  task quick: :test do
+    ENV["BLACKBUCK_BENCH_COMMAND"] ||= "bundle exec rake bench:quick"
+    ruby File.join(__dir__, "run.rb"), "--quick", *ENV.fetch("BENCH_ARGS", "").split
+  end
+
+  desc "Unit tests of the harness (load-tool parsers, aggregation); no servers, no load"
+  task :test do
+    ruby File.join(__dir__, "test", "drivers_test.rb")
+  end
+
+  desc "Install what the benchmark needs (Debian packages, gems outside the bundle)"
+  task :setup do
+    sh File.join(__dir__, "setup")
+  end
+end
