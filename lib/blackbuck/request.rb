@@ -10,6 +10,7 @@ module Blackbuck
   # or short upload never holds the worker.
   class Request
     EMPTY = "".b.freeze
+    MIN_RATE_GRACE = 10 # seconds a body may take before min_body_rate applies
 
     def initialize(worker, config)
       @worker = worker
@@ -17,6 +18,16 @@ module Blackbuck
       @body_buffer = config[:body_buffer]
       @header_timeout = config[:header_timeout]
       @body_timeout = config[:body_timeout]
+      @min_body_rate = config[:min_body_rate]
+    end
+
+    # A body arriving slower than min_body_rate (averaged, after a grace period) ties up memory
+    # and a connection slot for nothing: the worker answers it 408.
+    def too_slow?(conn, t)
+      return false unless @min_body_rate.positive? && conn.state == Worker::BODY
+
+      elapsed = t - conn.aux
+      elapsed > MIN_RATE_GRACE && conn.sink.size < @min_body_rate * elapsed
     end
 
     # Makes as much progress as the buffered bytes allow.
@@ -68,7 +79,8 @@ module Blackbuck
                   end
       conn.env = env
       conn.state = Worker::BODY
-      conn.deadline = @worker.now + @body_timeout
+      conn.aux = @worker.now # when the body started
+      conn.deadline = conn.aux + @body_timeout
       read_body(conn)
     rescue SystemCallError => e # no room for a tempfile
       @worker.logger.error("cannot buffer a request body: #{e.message}")

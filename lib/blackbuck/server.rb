@@ -12,6 +12,7 @@ module Blackbuck
 
     def run(config, app, logger: Logger.new($stderr, path: config[:log]), env: ENV)
       configure_native(config)
+      raise_open_files_limit(logger)
       listeners = Listeners.inherited(env)
       if listeners.empty?
         listeners = config[:listen].map do |a|
@@ -28,6 +29,17 @@ module Blackbuck
       Supervisor.new(config: config, app: app, listeners: listeners, logger: logger).run
     ensure
       File.unlink(config[:pid]) if config[:pid] && File.exist?(config[:pid]) && File.read(config[:pid]).to_i == Process.pid
+    end
+
+    # Thousands of keep-alive connections need thousands of descriptors: take the hard limit.
+    def raise_open_files_limit(logger)
+      soft, hard = Process.getrlimit(:NOFILE)
+      return if soft >= hard
+
+      Process.setrlimit(:NOFILE, hard, hard)
+      logger.info("raised the open-files limit from #{soft} to #{hard}")
+    rescue SystemCallError, NotImplementedError => e
+      logger.warn("could not raise the open-files limit (#{soft}): #{e.message}")
     end
 
     def configure_native(config)

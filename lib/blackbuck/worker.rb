@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "etc"
 require "stringio"
 require "tempfile"
 require_relative "errors"
@@ -54,6 +55,7 @@ module Blackbuck
       @write_timeout = config[:write_timeout]
       @max_connections = config[:max_connections]
       @oob_gc = config[:oob_gc]
+      @max_rss_kib = config[:max_memory_per_child]
       @request = Request.new(self, config)
       @response = Response.new(self, config, app)
     end
@@ -297,6 +299,7 @@ module Blackbuck
         begin_graceful_stop("signal")
       end
       expire(t)
+      check_memory unless @stopping || @max_rss_kib.zero?
       @scoreboard.tick(@index, @stopping ? 4 : 0, @conns.size)
       $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping} requests: #{@served} connections: #{@conns.size}"
       @exit = true if @stopping && (@conns.empty? || t >= @stop_deadline)
@@ -306,13 +309,26 @@ module Blackbuck
     # 408, clients that stopped reading are dropped.
     def expire(t)
       @conns.values.each do |c|
-        next unless c.deadline <= t
-
-        case c.state
-        when HEAD, BODY then @request.reject(c, 408)
-        else drop(c)
+        if c.deadline <= t
+          case c.state
+          when HEAD, BODY then @request.reject(c, 408)
+          else drop(c)
+          end
+        elsif @request.too_slow?(c, t)
+          @request.reject(c, 408)
         end
       end
+    end
+
+    PAGE_KIB = Etc.sysconf(Etc::SC_PAGESIZE) / 1024
+
+    # max_memory_per_child: a worker whose RSS has grown past the limit finishes its
+    # connections and exits; the master starts a fresh one.
+    def check_memory
+      rss = File.read("/proc/self/statm").split[1].to_i * PAGE_KIB
+      begin_graceful_stop("RSS #{rss} KiB is over max_memory_per_child (#{@max_rss_kib} KiB)") if rss > @max_rss_kib
+    rescue SystemCallError
+      @max_rss_kib = 0 # no /proc here: nothing to check
     end
 
     def run_oob_gc

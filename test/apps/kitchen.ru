@@ -50,6 +50,9 @@ run lambda { |env|
   when "/finished"
     env["rack.response_finished"] << ->(*) { File.write(ENV["BB_FINISHED_MARK"], "finished") }
     [200, {}, ["ok"]]
+  when "/early"
+    env["rack.early_hints"].call({ "link" => ["</a.css>; rel=preload", "</b.js>; rel=preload"] })
+    [200, {}, ["after hints"]]
   when "/close-header" then [200, { "connection" => "close" }, ["bye"]]
   when "/uptime" then [200, {}, [(Process.clock_gettime(Process::CLOCK_MONOTONIC) - STARTED).to_s]]
   else [404, {}, ["not found\n"]]

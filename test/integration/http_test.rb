@@ -210,6 +210,19 @@ class HTTPTest < ServerTest
     io&.close
   end
 
+  def test_early_hints_103_before_the_response
+    io = @server.tcp
+    io.write("GET /early HTTP/1.1\r\nHost: x\r\n\r\n")
+    hints = read_response(io)
+    assert_equal 103, hints.status
+    assert_equal 2, hints.raw.scan(/^link: <\/[ab]\.\w+>; rel=preload/).size
+    final = read_response(io)
+    assert_equal 200, final.status
+    assert_equal "after hints", final.body
+  ensure
+    io&.close
+  end
+
   def test_full_hijack
     io = @server.tcp
     res = request(io, "GET", "/hijack")

@@ -162,3 +162,16 @@ class IdleCPUTest < ServerTest
     assert_operator used, :<, 100, "two idle workers used #{used} ms of CPU in 2 s"
   end
 end
+
+class MemoryRecyclingTest < ServerTest
+  def test_worker_over_max_memory_is_recycled
+    server = start_server(["-l", "127.0.0.1:0", "--max-memory-per-child", "1024"]) # 1 MiB: always over
+    first = server.worker_pids.first
+    Timeout.timeout(15) { sleep 0.1 until (server.worker_pids - [first]).any? }
+    assert_match(/worker 0 \(pid #{first}\) stopping: RSS \d+ KiB is over max_memory_per_child \(1024 KiB\)/, server.log)
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status, "requests are still served while workers recycle"
+  ensure
+    io&.close
+  end
+end
