@@ -12,13 +12,18 @@
 
 #include <errno.h>
 #include <unistd.h>
+#ifdef HAVE_SYS_EPOLL_H
 #include <sys/epoll.h>
+#else
+#include <poll.h>
+#endif
 
 #define POLL_IN 1
 #define POLL_OUT 2
 #define POLL_EXCLUSIVE 4
 #define POLL_ERR 8
 
+#ifdef HAVE_SYS_EPOLL_H
 struct poller {
     int epfd;
     int max_events;
@@ -159,6 +164,176 @@ static VALUE poller_close(VALUE self)
     pl->epfd = -1;
     return Qnil;
 }
+
+#else /* no epoll (macOS, BSD): poll(2) over a registry of fds; O(n) per wait, correct everywhere */
+
+struct poller {
+    int epfd;             /* 0 while open, -1 closed (same meaning as the epoll version) */
+    int max_events;
+    struct pollfd *fds;   /* registered fds; events == 0 means a free slot */
+    int nfds, cap;
+    int next;             /* round-robin start, so no fd starves the others */
+};
+
+static void poller_free(void *p)
+{
+    struct poller *pl = p;
+    xfree(pl->fds);
+    xfree(pl);
+}
+
+static size_t poller_size(const void *p)
+{
+    const struct poller *pl = p;
+    return sizeof(*pl) + (size_t)pl->cap * sizeof(struct pollfd);
+}
+
+static const rb_data_type_t poller_type = {
+    .wrap_struct_name = "Blackbuck::Native::Poller",
+    .function = {.dmark = NULL, .dfree = poller_free, .dsize = poller_size},
+    .flags = RUBY_TYPED_FREE_IMMEDIATELY,
+};
+
+static VALUE poller_alloc(VALUE klass)
+{
+    struct poller *pl;
+    VALUE obj = TypedData_Make_Struct(klass, struct poller, &poller_type, pl);
+    pl->epfd = -1;
+    return obj;
+}
+
+static struct poller *get_poller(VALUE self)
+{
+    struct poller *pl;
+    TypedData_Get_Struct(self, struct poller, &poller_type, pl);
+    if (pl->epfd < 0) rb_raise(rb_eIOError, "poller is closed");
+    return pl;
+}
+
+static VALUE poller_init(VALUE self, VALUE size)
+{
+    struct poller *pl;
+    TypedData_Get_Struct(self, struct poller, &poller_type, pl);
+    pl->max_events = NUM2INT(size);
+    if (pl->max_events < 1) rb_raise(rb_eArgError, "size must be positive");
+    pl->epfd = 0;
+    return self;
+}
+
+static short to_poll(int mask)
+{
+    short ev = 0;
+    if (mask & (POLL_IN | POLL_EXCLUSIVE)) ev |= POLLIN;
+    if (mask & POLL_OUT) ev |= POLLOUT;
+    return ev;
+}
+
+static int find_fd(struct poller *pl, int fd)
+{
+    int i;
+    for (i = 0; i < pl->nfds; i++)
+        if (pl->fds[i].fd == fd) return i;
+    return -1;
+}
+
+static VALUE poller_add(VALUE self, VALUE vfd, VALUE mask)
+{
+    struct poller *pl = get_poller(self);
+    int fd = NUM2INT(vfd), i = find_fd(pl, fd);
+    if (i >= 0) {
+        errno = EEXIST;
+        rb_sys_fail("poller add");
+    }
+    if (pl->nfds == pl->cap) {
+        pl->cap = pl->cap ? pl->cap * 2 : 64;
+        REALLOC_N(pl->fds, struct pollfd, pl->cap);
+    }
+    pl->fds[pl->nfds].fd = fd;
+    pl->fds[pl->nfds].events = to_poll(NUM2INT(mask));
+    pl->fds[pl->nfds].revents = 0;
+    pl->nfds++;
+    return Qtrue;
+}
+
+static VALUE poller_modify(VALUE self, VALUE vfd, VALUE mask)
+{
+    struct poller *pl = get_poller(self);
+    int i = find_fd(pl, NUM2INT(vfd));
+    if (i < 0) {
+        errno = ENOENT;
+        rb_sys_fail("poller modify");
+    }
+    pl->fds[i].events = to_poll(NUM2INT(mask));
+    return Qtrue;
+}
+
+static VALUE poller_delete(VALUE self, VALUE vfd)
+{
+    struct poller *pl = get_poller(self);
+    int i = find_fd(pl, NUM2INT(vfd));
+    if (i < 0) return Qfalse;
+    pl->fds[i] = pl->fds[--pl->nfds];
+    return Qtrue;
+}
+
+struct wait_args {
+    struct poller *pl;
+    int timeout_ms;
+    int n;
+    int err;
+};
+
+static void *wait_nogvl(void *p)
+{
+    struct wait_args *a = p;
+    a->n = poll(a->pl->fds, (nfds_t)a->pl->nfds, a->timeout_ms);
+    a->err = errno;
+    return NULL;
+}
+
+static VALUE poller_wait(VALUE self, VALUE timeout, VALUE out)
+{
+    struct wait_args a;
+    int i, k, got = 0;
+    a.pl = get_poller(self);
+    a.timeout_ms = NUM2INT(timeout);
+    Check_Type(out, T_ARRAY);
+    rb_ary_clear(out);
+    rb_thread_call_without_gvl(wait_nogvl, &a, RUBY_UBF_IO, NULL);
+    if (a.n < 0) {
+        if (a.err == EINTR) {
+            rb_thread_check_ints();
+            return INT2FIX(0);
+        }
+        errno = a.err;
+        rb_sys_fail("poll");
+    }
+    for (k = 0; k < a.pl->nfds && got < a.n && got < a.pl->max_events; k++) {
+        struct pollfd *f;
+        int m = 0;
+        i = (a.pl->next + k) % a.pl->nfds;
+        f = &a.pl->fds[i];
+        if (!f->revents) continue;
+        if (f->revents & POLLIN) m |= POLL_IN;
+        if (f->revents & POLLOUT) m |= POLL_OUT;
+        if (f->revents & (POLLERR | POLLHUP | POLLNVAL)) m |= POLL_ERR;
+        rb_ary_push(out, INT2FIX(f->fd));
+        rb_ary_push(out, INT2FIX(m));
+        got++;
+    }
+    if (a.pl->nfds) a.pl->next = (a.pl->next + 1) % a.pl->nfds;
+    return INT2FIX(got);
+}
+
+static VALUE poller_close(VALUE self)
+{
+    struct poller *pl;
+    TypedData_Get_Struct(self, struct poller, &poller_type, pl);
+    pl->epfd = -1;
+    pl->nfds = 0;
+    return Qnil;
+}
+#endif
 
 void bb_init_poller(void)
 {

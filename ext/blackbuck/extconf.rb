@@ -3,7 +3,9 @@
 require "mkmf"
 
 # Probe features, never compare versions.
-have_header("sys/epoll.h") or abort "blackbuck needs epoll (Linux); macOS support is planned via kqueue"
+# epoll on Linux; elsewhere (macOS, BSD) Native::Poller falls back to poll(2).
+# BLACKBUCK_FORCE_POLL=1 builds the fallback on Linux too, to test it.
+have_header("sys/epoll.h") unless ENV["BLACKBUCK_FORCE_POLL"]
 have_func("accept4", ["sys/types.h", "sys/socket.h"])
 have_func("rb_enc_interned_str", "ruby.h")
 have_func("rb_thread_call_without_gvl", "ruby/thread.h")
