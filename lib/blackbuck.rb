@@ -12,6 +12,7 @@ end
 require_relative "blackbuck/logger"
 require_relative "blackbuck/config"
 require_relative "blackbuck/listeners"
+require_relative "blackbuck/reexec"
 require_relative "blackbuck/supervisor"
 require_relative "blackbuck/server"
 

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "optparse"
+require "rbconfig"
 require_relative "version"
 require_relative "errors"
 
@@ -18,6 +19,7 @@ module Blackbuck
     end
 
     def run
+      argv = @argv.dup
       parser = option_parser
       rest = parser.parse(@argv)
       raise OptionParser::InvalidArgument, "too many rackup files: #{rest.join(' ')}" if rest.size > 1
@@ -29,6 +31,11 @@ module Blackbuck
       config.set(:rackup, rest.first) if rest.first
       config.finalize!(@env)
       app = load_app(config)
+      if @check
+        @out.puts "blackbuck: #{config[:rackup]} boots (#{config[:workers]} workers, #{config[:listen].join(' ')})"
+        return 0
+      end
+      Reexec.command = [RbConfig.ruby, File.expand_path($PROGRAM_NAME), *argv]
       Server.run(config, app)
     rescue OptionParser::ParseError => e
       @err.puts "blackbuck: #{e.message} (see blackbuck --help)"
@@ -91,6 +98,7 @@ module Blackbuck
         o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV or development)", &set(:environment))
         o.on("-P", "--pid FILE", "write the master's pid to FILE", &set(:pid))
         o.on("--log FILE", "append log lines to FILE instead of stderr (reopened on USR1)", &set(:log))
+        o.on("--check", "load the config and the app, report, and exit without serving") { @check = true }
         o.on("-v", "--version", "print the version and exit") do
           @out.puts "blackbuck #{VERSION}"
           exit 0

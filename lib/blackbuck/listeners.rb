@@ -152,14 +152,14 @@ module Blackbuck
       end
     end
 
-    def from_fd(fd)
+    def from_fd(fd, inherited: true)
       sock = Socket.for_fd(fd)
       sock.autoclose = true
       addr = sock.local_address
       if addr.unix?
-        Listener.new(io: sock, kind: :unix, path: addr.unix_path, inherited: true)
+        Listener.new(io: sock, kind: :unix, path: addr.unix_path, inherited: inherited)
       else
-        Listener.new(io: sock, kind: :tcp, host: addr.ip_address, port: addr.ip_port, inherited: true)
+        Listener.new(io: sock, kind: :tcp, host: addr.ip_address, port: addr.ip_port, inherited: inherited)
       end
     rescue SystemCallError => e
       raise ConfigError, "inherited file descriptor #{fd} is not a listening socket: #{e.message}"

@@ -13,7 +13,8 @@ module Blackbuck
     def run(config, app, logger: Logger.new($stderr, path: config[:log]), env: ENV)
       configure_native(config)
       raise_open_files_limit(logger)
-      listeners = Listeners.inherited(env)
+      listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP)
+      listeners = Listeners.inherited(env) if listeners.empty?
       if listeners.empty?
         listeners = config[:listen].map do |a|
           Listeners.bind(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode])
@@ -26,7 +27,8 @@ module Blackbuck
       logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers, " \
                   "parser #{Native.http_impl}, pid #{Process.pid}")
       write_pid(config[:pid])
-      Supervisor.new(config: config, app: app, listeners: listeners, logger: logger).run
+      Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
+                     old_workers: Reexec.old_workers(env)).run
     ensure
       File.unlink(config[:pid]) if config[:pid] && File.exist?(config[:pid]) && File.read(config[:pid]).to_i == Process.pid
     end

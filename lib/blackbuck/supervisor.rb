@@ -14,7 +14,8 @@ module Blackbuck
     RESPAWN_BACKOFF = 1     # seconds to wait before replacing a worker that died within a second
     STOP_MESSAGE = "q"      # master -> worker over the control pipe: finish and exit
 
-    def initialize(config:, app:, listeners:, logger:)
+    def initialize(config:, app:, listeners:, logger:, old_workers: [])
+      @old_workers = old_workers.to_h # pid => control IO, from this master's previous image (HUP)
       @config = config
       @app = app
       @listeners = listeners
@@ -38,13 +39,13 @@ module Blackbuck
           reap
           enforce_timeouts
           spawn_missing
+          retire_old_workers
           sleep_until_woken
         when :TERM, :INT, :QUIT
           @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s)")
           @stopping = true
         when :HUP
-          @logger.info("HUP: replacing every worker")
-          @children.each_value { |c| tell_stop(c) }
+          reload
         when :TTIN
           @wanted += 1 if @wanted < @scoreboard.size
           @logger.info("TTIN: workers = #{@wanted}")
@@ -93,6 +94,7 @@ module Blackbuck
         control_w.close
         [@wake_r, @wake_w].each(&:close)
         @children.each_value { |c| c.control.close }
+        @old_workers.each_value { |io| io.close unless io.closed? }
         run_worker(index, control_r)
       end
       control_r.close
@@ -125,6 +127,10 @@ module Blackbuck
         pid, status = Process.wait2(-1, Process::WNOHANG)
         break unless pid
 
+        if (old = @old_workers.delete(pid))
+          old.close unless old.closed?
+          @logger.info("old worker (pid #{pid}) exited")
+        end
         child = @children.delete(pid)
         next unless child
 
@@ -163,6 +169,43 @@ module Blackbuck
       end
     end
 
+    # HUP: boot the new code in a separate process first; only if it boots, re-exec this
+    # master with it (see Reexec). Started another way (rackup), HUP replaces the workers.
+    def reload
+      unless Reexec.available?
+        @logger.info("HUP: replacing every worker (started without the blackbuck command: no code reload)")
+        @children.each_value { |c| tell_stop(c) }
+        return
+      end
+      @logger.info("HUP: checking that the new code boots")
+      if (error = Reexec.check)
+        @logger.error("HUP: the new code does not boot; the running workers keep serving: #{error}")
+        return
+      end
+      @logger.info("HUP: re-executing the master (pid #{Process.pid}) with the new code")
+      @config[:before_exec]&.call(self)
+      old = @children.map { |pid, c| [pid, c.control] } + @old_workers.to_a
+      Reexec.exec!(@listeners, old)
+    rescue SystemCallError => e
+      @logger.error("HUP: re-exec failed (#{e.message}); the running workers keep serving")
+    end
+
+    # After a re-exec: once every new worker is up, the previous image's workers finish what
+    # they are doing and exit.
+    def retire_old_workers
+      return if @old_workers.empty? || @children.size < @wanted
+      return unless @children.all? { |pid, c| @scoreboard.read(c.index)[0] == pid }
+
+      @old_workers.each_value do |io|
+        io.write_nonblock(STOP_MESSAGE, exception: false) unless io.closed?
+        io.close unless io.closed?
+      rescue IOError, SystemCallError
+        nil
+      end
+      @logger.info("new workers ready; #{@old_workers.size} old workers finishing") unless @retired_logged
+      @retired_logged = true
+    end
+
     def tell_stop(child)
       child.control.write_nonblock(STOP_MESSAGE, exception: false) unless child.control.closed?
     rescue IOError, SystemCallError
@@ -180,14 +223,20 @@ module Blackbuck
     def shutdown
       @listeners.each(&:close)
       @children.each_value { |c| tell_stop(c) }
+      @old_workers.each_value do |io| # after a HUP not yet complete: they stop too
+        io.write_nonblock(STOP_MESSAGE, exception: false) unless io.closed?
+        io.close unless io.closed?
+      rescue IOError, SystemCallError
+        nil
+      end
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @config[:graceful_timeout] + 1
-      until @children.empty?
+      until @children.empty? && @old_workers.empty?
         reap
         break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 
         sleep 0.05
       end
-      @children.each_key do |pid|
+      (@children.keys + @old_workers.keys).each do |pid|
         @logger.warn("worker pid #{pid} still running after graceful_timeout; killing it")
         signal(:KILL, pid)
       end

@@ -23,6 +23,8 @@ module Blackbuck
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn
     TICK_SECONDS = 0.5   # timeouts, scoreboard heartbeat and process title at most this often
+    STOP_IDLE_DRAIN = 1  # seconds a stopping worker still answers idle keep-alive connections
+                         # (with "Connection: close"), so a request racing the stop is served
 
     IN = Native::Poller::IN
     OUT = Native::Poller::OUT
@@ -283,7 +285,8 @@ module Blackbuck
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused
       @listeners.each { |l| l.io.close unless l.io.closed? }
-      @conns.values.each { |c| drop(c) if c.state == IDLE && c.buffered.zero? }
+      drain_until = now + STOP_IDLE_DRAIN
+      @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
       @exit = true if @conns.empty?
     end
 

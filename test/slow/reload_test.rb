@@ -1,0 +1,77 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+
+# HUP: new code under the same master pid, with zero failed requests; a broken deploy keeps
+# the old workers serving.
+class ReloadTest < ServerTest
+  def write_app(path, body)
+    File.write(path, "run lambda { |_env| [200, { 'content-type' => 'text/plain' }, [#{body.inspect}]] }\n")
+  end
+
+  # Requests in a loop over TCP (new connection each) and UNIX (keep-alive), recording bodies
+  # and failures, until told to stop (bounded by max_seconds).
+  def load_in_background(server, max_seconds: 30)
+    stats = { ok: 0, failed: [], bodies: Hash.new(0) }
+    stop = false
+    threads = [:tcp, :unix].map do |transport|
+      Thread.new do
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + max_seconds
+        io = nil
+        until stop || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+          begin
+            io = server.public_send(transport) if io.nil? || transport == :tcp
+            res = request(io, "GET", "/")
+            raise "no response" unless res
+            raise "status #{res.status}" unless res.status == 200
+
+            stats[:ok] += 1
+            stats[:bodies][res.body] += 1
+            if transport == :tcp || res["connection"] == "close"
+              io.close
+              io = nil
+            end
+          rescue StandardError => e
+            stats[:failed] << "#{transport}: #{e.class}: #{e.message}"
+            io&.close
+            io = nil
+          end
+        end
+        io&.close
+      end
+    end
+    [stats, -> { stop = true; threads.each(&:join) }]
+  end
+
+  def test_hup_reloads_code_with_zero_failed_requests_and_survives_a_broken_deploy
+    dir = Dir.mktmpdir("bb-test")
+    app = "#{dir}/app.ru"
+    write_app(app, "v1")
+    server = start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", "--keepalive-timeout", "5"],
+                          app: app, workers: 2, dir: dir)
+    old_workers = server.worker_pids
+    stats, stop = load_in_background(server)
+    sleep 0.5
+    write_app(app, "v2")
+    server.signal(:HUP)
+    Timeout.timeout(30) { sleep 0.1 until stats[:bodies]["v2"] > 50 }
+    Timeout.timeout(30) { sleep 0.1 until server.log.scan(/old worker \(pid \d+\) exited/).size == 2 }
+    refute server.exited?, "the master keeps its pid"
+    assert_empty old_workers & server.log.scan(/worker \d \(pid (\d+)\) ready/).flatten.map(&:to_i).last(2)
+
+    File.write(app, "run lambda { |env| [200, {}, [\"broken\"] }\n") # syntax error
+    server.signal(:HUP)
+    Timeout.timeout(30) { sleep 0.1 until server.log.include?("the new code does not boot") }
+    sleep 0.5
+    stop.call
+    assert_empty stats[:failed], "failed requests during the reloads: #{stats[:failed].first(5)}"
+    assert_operator stats[:bodies]["v1"], :>, 0
+    assert_operator stats[:bodies]["v2"], :>, 50
+    assert_equal 0, stats[:bodies]["broken"]
+    io = server.tcp
+    assert_equal "v2", request(io, "GET", "/").body, "the old (v2) workers keep serving after a broken deploy"
+    io.close
+    server.signal(:TERM)
+    assert server.wait_exit(20)&.success?
+  end
+end
