@@ -57,6 +57,7 @@ module Blackbuck
       @write_timeout = config[:write_timeout]
       @max_connections = config[:max_connections]
       @oob_gc = config[:oob_gc]
+      @oob_gc_auto = config[:oob_gc_auto]
       @max_rss_kib = config[:max_memory_per_child]
       @request = Request.new(self, config)
       @response = Response.new(self, config, app)
@@ -98,7 +99,7 @@ module Blackbuck
         @scoreboard.request_done(@index, 1)
       end
       @served += 1
-      @gc_pending = true if @oob_gc.positive? && (@served % @oob_gc).zero?
+      @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
       begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
       return forget(conn) if mode == :hijacked
       return if mode == :closed
@@ -334,9 +335,22 @@ module Blackbuck
       @max_rss_kib = 0 # no /proc here: nothing to check
     end
 
+    OOB_GC_FREE_SLOTS = 0.1 # fraction of live slots: fewer free slots than this and a GC is near
+    OOB_GC_MALLOC = 0.9     # fraction of the malloc limit that counts as near
+
+    # Would the next allocations trigger a GC anyway? (GC.stat(key) allocates nothing.)
+    def gc_near?
+      GC.stat(:heap_free_slots) < GC.stat(:heap_live_slots) * OOB_GC_FREE_SLOTS ||
+        GC.stat(:malloc_increase_bytes) > GC.stat(:malloc_increase_bytes_limit) * OOB_GC_MALLOC
+    end
+
+    # Between requests, and only when no client is waiting (the loop polled with timeout 0
+    # and found nothing): every oob_gc requests a full GC, with oob_gc_auto a minor one.
     def run_oob_gc
       @gc_pending = false
-      GC.start
+      full = @oob_gc.positive?
+      GC.start(full_mark: full, immediate_sweep: full)
+      @oob_gc_runs = (@oob_gc_runs || 0) + 1
     end
   end
 end

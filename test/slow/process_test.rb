@@ -175,3 +175,21 @@ class MemoryRecyclingTest < ServerTest
     io&.close
   end
 end
+
+class OobGCTest < ServerTest
+  def gc_delta(args)
+    server = start_server(["-l", "127.0.0.1:0", *args], app: "kitchen.ru")
+    io = server.tcp
+    counts = Array.new(11) { Integer(request(io, "GET", "/gc-count").body) }
+    counts.last - counts.first
+  ensure
+    io&.close
+  end
+
+  def test_oob_gc_runs_between_requests
+    with = gc_delta(["--oob-gc", "1"])
+    without = gc_delta([])
+    assert_operator with, :>=, 8, "a GC between each of 10 requests"
+    assert_operator without, :<, 8, "control: 10 tiny requests alone do not cause that many GCs"
+  end
+end
