@@ -29,6 +29,8 @@
 #endif
 /* iovecs kept on the stack for a response; larger Array bodies use the heap. */
 #define BB_IOV_STACK 64
+/* An error answer waits at most this long for a client that is not reading (it is then closed anyway). */
+#define BB_ERROR_WRITE_WAIT_MS 100
 
 enum { BODY_NONE = 0, BODY_LENGTH = 1, BODY_CHUNKED = 2 };
 enum { WRITE_DONE = 0, WRITE_PENDING = 1, STREAM_CHUNKED = 2, STREAM_RAW = 3, WRITE_FAILED = -1 };
@@ -691,7 +693,7 @@ static VALUE conn_write_error(VALUE self, VALUE vstatus)
         }
         iov[3].iov_base = tail;
         iov[3].iov_len = tl;
-        return write_iov(c, iov, 4, 1000) == WRITE_DONE ? Qtrue : Qfalse;
+        return write_iov(c, iov, 4, BB_ERROR_WRITE_WAIT_MS) == WRITE_DONE ? Qtrue : Qfalse;
     }
 }
 
