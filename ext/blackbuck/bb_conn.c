@@ -57,9 +57,6 @@ struct conn {
     /* response bytes the client has not taken yet: out[out_off, out_len) */
     char *out;
     size_t out_cap, out_off, out_len;
-    /* response head under construction */
-    char *hbuf;
-    size_t hcap, hlen;
     /* Ruby-side state */
     long requests;
     int state;
@@ -68,8 +65,36 @@ struct conn {
 };
 
 static VALUE cConn;
+
+/* The response head under construction. A worker builds one response at a time and copies
+ * whatever the client does not take at once into that connection's own out buffer, so one
+ * buffer per process serves every connection (no malloc per connection). */
+static struct {
+    char *buf;
+    size_t cap, len;
+} head;
+
+/* Read buffers of BB_BUF_INITIAL bytes kept for reuse: a connection-per-request load would
+ * otherwise malloc and free one per connection. */
+#define BB_BUF_POOL 64
+static char *buf_pool[BB_BUF_POOL];
+static int buf_pool_n;
+
+static char *buf_get(size_t *cap)
+{
+    *cap = BB_BUF_INITIAL;
+    if (buf_pool_n > 0) return buf_pool[--buf_pool_n];
+    return malloc(BB_BUF_INITIAL);
+}
+
+static void buf_put(char *b, size_t cap)
+{
+    if (!b) return;
+    if (cap == BB_BUF_INITIAL && buf_pool_n < BB_BUF_POOL) buf_pool[buf_pool_n++] = b;
+    else free(b);
+}
 static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
-    k_remote_addr, k_server_name, k_server_port, k_content_length, k_content_type, k_connection, v_http10, v_http11, v_port80;
+    k_remote_addr, k_server_name, k_server_port, k_content_length, k_content_type, k_connection, v_http10, v_http11, v_port80, v_empty;
 
 static void conn_mark(void *p)
 {
@@ -85,16 +110,15 @@ static void conn_free(void *p)
 {
     struct conn *c = p;
     if (c->fd >= 0) close(c->fd);
-    free(c->buf);
+    buf_put(c->buf, c->cap);
     free(c->out);
-    free(c->hbuf);
     xfree(c);
 }
 
 static size_t conn_memsize(const void *p)
 {
     const struct conn *c = p;
-    return sizeof(*c) + c->cap + c->out_cap + c->hcap;
+    return sizeof(*c) + c->cap + c->out_cap;
 }
 
 static const rb_data_type_t conn_type = {
@@ -119,20 +143,37 @@ static struct conn *get_conn(VALUE self)
     return c;
 }
 
-/* Conn.new(fd, remote_addr, env_template, tcp) */
-static VALUE conn_init(VALUE self, VALUE fd, VALUE addr, VALUE tmpl, VALUE tcp)
+static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp)
 {
-    struct conn *c = get_conn(self);
     Check_Type(tmpl, T_HASH);
-    c->fd = NUM2INT(fd);
-    c->tcp = RTEST(tcp);
+    c->buf = buf_get(&c->cap);
+    if (!c->buf) {
+        close(fd);
+        rb_raise(rb_eNoMemError, "connection buffer");
+    }
+    c->fd = fd;
+    c->tcp = tcp;
     c->remote_addr = addr;
     c->template = tmpl;
-    c->buf = malloc(BB_BUF_INITIAL);
-    if (!c->buf) rb_raise(rb_eNoMemError, "connection buffer");
-    c->cap = BB_BUF_INITIAL;
     c->keepalive = 1;
+}
+
+/* Conn.new(fd, remote_addr, env_template, tcp): wraps a connected socket (tests, inherited fds). */
+static VALUE conn_init(VALUE self, VALUE fd, VALUE addr, VALUE tmpl, VALUE tcp)
+{
+    conn_setup(get_conn(self), NUM2INT(fd), addr, tmpl, RTEST(tcp));
     return self;
+}
+
+/* Conn.accept(listen_fd, env_template, tcp) -> a new Conn, or nil when nothing is pending. */
+static VALUE conn_s_accept(VALUE klass, VALUE lfd, VALUE tmpl, VALUE tcp)
+{
+    VALUE addr = Qnil, obj;
+    int fd = bb_accept(NUM2INT(lfd), RTEST(tcp), &addr);
+    if (fd < 0) return Qnil;
+    obj = conn_alloc(klass);
+    conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp));
+    return obj;
 }
 
 static size_t buf_limit(void)
@@ -274,7 +315,7 @@ static VALUE conn_parse(VALUE self)
     rb_hash_aset(env, k_request_method, bb_fstring(req.method, (long)req.method_len));
     rb_hash_aset(env, k_request_uri, rb_str_new(req.target, (long)req.target_len));
     rb_hash_aset(env, k_path_info, rb_str_new(req.path, (long)req.path_len));
-    rb_hash_aset(env, k_query_string, req.query ? rb_str_new(req.query, (long)req.query_len) : rb_str_new(0, 0));
+    rb_hash_aset(env, k_query_string, req.query ? rb_str_new(req.query, (long)req.query_len) : v_empty);
     rb_hash_aset(env, k_server_protocol, req.minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_http_version, req.minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
@@ -338,24 +379,24 @@ static VALUE conn_body_take(VALUE self)
 
 /* ---- output ---- */
 
-static void hreserve(struct conn *c, size_t more)
+static void hreserve(size_t more)
 {
-    if (c->hlen + more > c->hcap) {
-        size_t ncap = c->hcap ? c->hcap : 1024;
+    if (head.len + more > head.cap) {
+        size_t ncap = head.cap ? head.cap : 4096;
         char *nb;
-        while (ncap < c->hlen + more) ncap *= 2;
-        nb = realloc(c->hbuf, ncap);
+        while (ncap < head.len + more) ncap *= 2;
+        nb = realloc(head.buf, ncap);
         if (!nb) rb_raise(rb_eNoMemError, "response head");
-        c->hbuf = nb;
-        c->hcap = ncap;
+        head.buf = nb;
+        head.cap = ncap;
     }
 }
 
-static void hcat(struct conn *c, const char *p, size_t n)
+static void hcat(const char *p, size_t n)
 {
-    hreserve(c, n);
-    memcpy(c->hbuf + c->hlen, p, n);
-    c->hlen += n;
+    hreserve(n);
+    memcpy(head.buf + head.len, p, n);
+    head.len += n;
 }
 
 /* Saves what writev did not send, so the worker can go on and flush later. */
@@ -465,15 +506,15 @@ static void emit_field(struct head_state *st, VALUE key, const char *v, size_t v
     } else if (ieq(k, kn, "date")) {
         st->have_date = 1;
     }
-    hreserve(c, kn + vn + 4);
-    memcpy(c->hbuf + c->hlen, k, kn);
-    c->hlen += kn;
-    c->hbuf[c->hlen++] = ':';
-    c->hbuf[c->hlen++] = ' ';
-    memcpy(c->hbuf + c->hlen, v, vn);
-    c->hlen += vn;
-    c->hbuf[c->hlen++] = '\r';
-    c->hbuf[c->hlen++] = '\n';
+    hreserve(kn + vn + 4);
+    memcpy(head.buf + head.len, k, kn);
+    head.len += kn;
+    head.buf[head.len++] = ':';
+    head.buf[head.len++] = ' ';
+    memcpy(head.buf + head.len, v, vn);
+    head.len += vn;
+    head.buf[head.len++] = '\r';
+    head.buf[head.len++] = '\n';
 }
 
 static int head_i(VALUE key, VALUE val, VALUE arg)
@@ -523,9 +564,9 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
     memset(&st, 0, sizeof(st));
     st.c = c;
     st.raw = RTEST(raw) || status == 101;
-    c->hlen = 0;
+    head.len = 0;
     p = bb_status_line(status, &len);
-    hcat(c, p, len);
+    hcat(p, len);
     if (!NIL_P(headers)) {
         Check_Type(headers, T_HASH);
         rb_hash_foreach(headers, head_i, (VALUE)&st);
@@ -550,7 +591,7 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
         if (st.have_length) {
             if (total != st.length) c->keepalive = 0; /* framing would break: end it with the connection */
         } else if (!st.have_te) {
-            hcat(c, num, (size_t)snprintf(num, sizeof(num), "Content-Length: %lld\r\n", (long long)total));
+            hcat(num, (size_t)snprintf(num, sizeof(num), "Content-Length: %lld\r\n", (long long)total));
         } else {
             c->keepalive = 0;
         }
@@ -561,7 +602,7 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
         mode = STREAM_RAW;
         c->keepalive = 0;
     } else if (c->minor == 1) {
-        hcat(c, "Transfer-Encoding: chunked\r\n", 28);
+        hcat("Transfer-Encoding: chunked\r\n", 28);
         mode = STREAM_CHUNKED;
     } else {
         c->keepalive = 0; /* HTTP/1.0 without a length: the body ends when the connection does */
@@ -569,24 +610,24 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
     }
     if (st.raw) {
         /* nothing: the app's Connection header stands */
-    } else if (!c->keepalive) hcat(c, "Connection: close\r\n", 19);
-    else if (c->minor == 0) hcat(c, "Connection: keep-alive\r\n", 24);
+    } else if (!c->keepalive) hcat("Connection: close\r\n", 19);
+    else if (c->minor == 0) hcat("Connection: keep-alive\r\n", 24);
     if (!st.have_date) {
         p = bb_date_header(&len);
-        hcat(c, p, len);
+        hcat(p, len);
     }
-    hcat(c, "\r\n", 2);
+    hcat("\r\n", 2);
 
     if (mode != WRITE_DONE) {
         struct iovec one;
-        one.iov_base = c->hbuf;
-        one.iov_len = c->hlen;
+        one.iov_base = head.buf;
+        one.iov_len = head.len;
         if (write_iov(c, &one, 1, bb_settings.write_timeout_ms) != WRITE_DONE) return INT2FIX(WRITE_FAILED);
         return INT2FIX(no_body && !st.raw ? WRITE_DONE : mode);
     }
     if (nparts + 1 > BB_IOV_STACK) iov = ALLOC_N(struct iovec, nparts + 1);
-    iov[0].iov_base = c->hbuf;
-    iov[0].iov_len = c->hlen;
+    iov[0].iov_base = head.buf;
+    iov[0].iov_len = head.len;
     for (i = 0; i < nparts; i++) {
         VALUE s = RARRAY_AREF(body, i);
         iov[i + 1].iov_base = RSTRING_PTR(s);
@@ -737,6 +778,9 @@ static VALUE conn_close(VALUE self)
     }
     close(c->fd);
     c->fd = -1;
+    buf_put(c->buf, c->cap);
+    c->buf = NULL;
+    c->cap = c->off = c->len = 0;
     return Qnil;
 }
 
@@ -826,6 +870,7 @@ void bb_init_conn(void)
     cConn = rb_define_class_under(bb_mNative, "Conn", rb_cObject);
     rb_define_alloc_func(cConn, conn_alloc);
     rb_define_method(cConn, "initialize", conn_init, 4);
+    rb_define_singleton_method(cConn, "accept", conn_s_accept, 3);
     rb_define_method(cConn, "fill", conn_fill, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);
@@ -885,4 +930,5 @@ void bb_init_conn(void)
     v_http10 = reg(bb_fstring("HTTP/1.0", 8));
     v_http11 = reg(bb_fstring("HTTP/1.1", 8));
     v_port80 = reg(bb_fstring("80", 2));
+    v_empty = reg(bb_fstring("", 0)); /* QUERY_STRING when there is none: shared and frozen */
 }

@@ -117,11 +117,11 @@ int bb_wait_writable(int fd, int timeout_ms)
 }
 
 /*
- * Native.accept(listen_fd, tcp) -> [fd, remote_addr] or nil when nothing is pending.
- * The new socket is non-blocking and close-on-exec; TCP ones get TCP_NODELAY.
- * Raises SystemCallError for errors that are not "try again" (EMFILE, ENFILE, ...).
+ * Accepts one connection from listener lfd: non-blocking, close-on-exec, TCP_NODELAY on TCP.
+ * Returns the fd and sets *addr to the peer's address (an interned string), or -1 when nothing
+ * is pending. Raises SystemCallError for errors that are not "try again" (EMFILE, ENFILE, ...).
  */
-static VALUE native_accept(VALUE self, VALUE lfd, VALUE tcp)
+int bb_accept(int lfd, int tcp, VALUE *addr)
 {
     static VALUE unix_addr = Qnil;
     struct sockaddr_storage ss;
@@ -132,9 +132,9 @@ static VALUE native_accept(VALUE self, VALUE lfd, VALUE tcp)
 
     for (;;) {
 #ifdef HAVE_ACCEPT4
-        fd = accept4(NUM2INT(lfd), (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
 #else
-        fd = accept(NUM2INT(lfd), (struct sockaddr *)&ss, &sl);
+        fd = accept(lfd, (struct sockaddr *)&ss, &sl);
         if (fd >= 0) {
             fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
             fcntl(fd, F_SETFD, FD_CLOEXEC);
@@ -149,7 +149,7 @@ static VALUE native_accept(VALUE self, VALUE lfd, VALUE tcp)
 #endif
         case ECONNABORTED:
         case EPROTO:
-            return Qnil;
+            return -1;
         default:
             rb_sys_fail("accept4");
         }
@@ -162,18 +162,21 @@ static VALUE native_accept(VALUE self, VALUE lfd, VALUE tcp)
         h = inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
         if (h && strncmp(h, "::ffff:", 7) == 0 && strchr(h + 7, '.')) h += 7; /* v4-mapped */
     }
-    if (RTEST(tcp) && ss.ss_family != AF_UNIX) {
+    if (tcp && ss.ss_family != AF_UNIX) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
     if (!h) {
+        /* UNIX sockets have no peer address; like Unicorn, say loopback */
         if (NIL_P(unix_addr)) {
             unix_addr = rb_obj_freeze(rb_str_new_cstr("127.0.0.1"));
             rb_gc_register_mark_object(unix_addr);
         }
-        return rb_assoc_new(INT2NUM(fd), unix_addr);
+        *addr = unix_addr;
+    } else {
+        *addr = bb_fstring(h, (long)strlen(h));
     }
-    return rb_assoc_new(INT2NUM(fd), bb_fstring(h, (long)strlen(h)));
+    return fd;
 }
 
 /* Native.close(fd): close a raw descriptor (connections are raw fds, not IO objects). */
@@ -225,7 +228,6 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
 
     rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);
     rb_define_module_function(bb_mNative, "date_header", native_date_header, 0);
-    rb_define_module_function(bb_mNative, "accept", native_accept, 2);
     rb_define_module_function(bb_mNative, "close", native_close, 1);
     rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);
     rb_define_module_function(bb_mNative, "configure", native_configure, 5);

@@ -33,6 +33,9 @@ const char *bb_date_header(size_t *len);
 /* Interned (deduplicated, frozen) string; no allocation when it already exists. */
 VALUE bb_fstring(const char *ptr, long len);
 
+/* accept4 with peer address; -1 when nothing is pending (see bb_ext.c). */
+int bb_accept(int lfd, int tcp, VALUE *addr);
+
 /* Waits until fd is writable or timeout_ms passes, without holding the GVL. 1 ready, 0 timeout, -1 error. */
 int bb_wait_writable(int fd, int timeout_ms);
 

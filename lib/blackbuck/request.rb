@@ -19,6 +19,7 @@ module Blackbuck
       @header_timeout = config[:header_timeout]
       @body_timeout = config[:body_timeout]
       @min_body_rate = config[:min_body_rate]
+      @empty_input = StringIO.new(EMPTY)
     end
 
     # A body arriving slower than min_body_rate (averaged, after a grace period) ties up memory
@@ -61,7 +62,11 @@ module Blackbuck
 
     def start(conn, env)
       if conn.body_done?
-        env["rack.input"] = StringIO.new(EMPTY)
+        # Rack forbids apps to close rack.input; one empty (read-only) input serves every
+        # bodiless request, and a new one replaces it if an app closed it anyway.
+        @empty_input = StringIO.new(EMPTY) if @empty_input.closed?
+        @empty_input.rewind
+        env["rack.input"] = @empty_input
         @worker.serve(conn, env)
         return
       end

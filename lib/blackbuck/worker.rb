@@ -178,10 +178,10 @@ module Blackbuck
           pause_accepting
           return
         end
-        fd, addr = Native.accept(listener.fd, listener.tcp?)
-        return unless fd
+        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version), listener.tcp?)
+        return unless conn
 
-        conn = Native::Conn.new(fd, addr, listener.env_template(@rack_version), listener.tcp?)
+        fd = conn.fd
         @conns[fd] = conn
         conn.deadline = now + @header_timeout
         # Optimistic read: on a busy server the request is usually there already.
