@@ -29,6 +29,9 @@
 #endif
 /* iovecs kept on the stack for a response; larger Array bodies use the heap. */
 #define BB_IOV_STACK 64
+/* A streamed body the client is slow to take is queued up to this many bytes per connection
+ * (the worker goes on; the event loop flushes it); past it the stream waits for the client. */
+#define BB_STREAM_BUFFER_MAX (1024 * 1024)
 /* An error answer waits at most this long for a client that is not reading (it is then closed anyway). */
 #define BB_ERROR_WRITE_WAIT_MS 100
 
@@ -639,13 +642,47 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
     return INT2FIX(ret);
 }
 
-/* write_part(str, chunked) -> true | false (client gone or not reading for write_timeout) */
+/* Sends queued output without waiting: WRITE_DONE, WRITE_PENDING or WRITE_FAILED. */
+static int flush_nb(struct conn *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t w = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return WRITE_PENDING;
+            return WRITE_FAILED;
+        }
+        c->out_off += (size_t)w;
+    }
+    c->out_off = c->out_len = 0;
+    return WRITE_DONE;
+}
+
+/*
+ * Streams iov: what the socket does not take is queued; only while more than
+ * BB_STREAM_BUFFER_MAX bytes are queued does it wait (up to write_timeout_ms) for the client.
+ */
+static int stream_iov(struct conn *c, struct iovec *iov, int cnt)
+{
+    int r = WRITE_DONE;
+    if (c->out_off < c->out_len) r = flush_nb(c); /* earlier bytes first: keep the order */
+    if (r == WRITE_FAILED) return r;
+    if (r == WRITE_PENDING) save_rest(c, iov, cnt);
+    else if ((r = write_iov(c, iov, cnt, -1)) == WRITE_FAILED) return r;
+    while (c->out_len - c->out_off > BB_STREAM_BUFFER_MAX) {
+        if (bb_wait_writable(c->fd, bb_settings.write_timeout_ms) != 1) return WRITE_FAILED;
+        if (flush_nb(c) == WRITE_FAILED) return WRITE_FAILED;
+    }
+    return WRITE_DONE;
+}
+
+/* write_part(str, chunked) -> true | false (client gone, or not reading for write_timeout) */
 static VALUE conn_write_part(VALUE self, VALUE str, VALUE chunked)
 {
     struct conn *c = get_conn(self);
     struct iovec iov[3];
     char size[24];
-    int cnt = 0;
+    int cnt = 0, r;
     StringValue(str);
     if (RSTRING_LEN(str) == 0) return Qtrue; /* an empty chunk would end a chunked body */
     if (c->fd < 0) return Qfalse;
@@ -659,12 +696,12 @@ static VALUE conn_write_part(VALUE self, VALUE str, VALUE chunked)
         iov[cnt].iov_base = (char *)"\r\n";
         iov[cnt++].iov_len = 2;
     }
-    if (write_iov(c, iov, cnt, bb_settings.write_timeout_ms) != WRITE_DONE) return Qfalse;
+    r = stream_iov(c, iov, cnt);
     RB_GC_GUARD(str);
-    return Qtrue;
+    return r == WRITE_DONE ? Qtrue : Qfalse;
 }
 
-/* finish_body(chunked) -> true | false */
+/* finish_body(chunked) -> true | false; queued bytes are left for the event loop to flush. */
 static VALUE conn_finish_body(VALUE self, VALUE chunked)
 {
     struct conn *c = get_conn(self);
@@ -673,29 +710,20 @@ static VALUE conn_finish_body(VALUE self, VALUE chunked)
     if (c->fd < 0) return Qfalse;
     iov.iov_base = (char *)"0\r\n\r\n";
     iov.iov_len = 5;
-    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+    return stream_iov(c, &iov, 1) == WRITE_DONE ? Qtrue : Qfalse;
 }
 
 /* flush -> WRITE_DONE | WRITE_PENDING | WRITE_FAILED: sends what the client had not taken. */
 static VALUE conn_flush(VALUE self)
 {
     struct conn *c = get_conn(self);
-    while (c->out_off < c->out_len) {
-        ssize_t w = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return INT2FIX(WRITE_PENDING);
-            return INT2FIX(WRITE_FAILED);
-        }
-        c->out_off += (size_t)w;
-    }
-    c->out_off = c->out_len = 0;
-    if (c->out_cap > 256 * 1024) { /* do not keep a big buffer around for an idle connection */
+    int r = flush_nb(c);
+    if (r == WRITE_DONE && c->out_cap > 256 * 1024) { /* no big buffer kept for an idle connection */
         free(c->out);
         c->out = NULL;
         c->out_cap = 0;
     }
-    return INT2FIX(WRITE_DONE);
+    return INT2FIX(r);
 }
 
 /* write_error(status): a complete canned response with Connection: close; best effort, never blocks long. */

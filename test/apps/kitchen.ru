@@ -54,6 +54,9 @@ run lambda { |env|
     env["rack.early_hints"].call({ "link" => ["</a.css>; rel=preload", "</b.js>; rel=preload"] })
     [200, {}, ["after hints"]]
   when "/close-header" then [200, { "connection" => "close" }, ["bye"]]
+  when "/stream-big"
+    n = Integer(env["QUERY_STRING"][/n=(\d+)/, 1])
+    [200, {}, Enumerator.new { |y| (n / 65_536).times { y << ("s" * 65_536) } }]
   when "/gc-count" then [200, {}, [GC.count.to_s]]
   when "/uptime" then [200, {}, [(Process.clock_gettime(Process::CLOCK_MONOTONIC) - STARTED).to_s]]
   else [404, {}, ["not found\n"]]

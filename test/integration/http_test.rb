@@ -146,6 +146,23 @@ class HTTPTest < ServerTest
     slow&.close
   end
 
+  def test_streamed_body_to_a_slow_reader_does_not_block_others
+    slow = @server.tcp
+    slow.write("GET /stream-big?n=#{768 * 1024} HTTP/1.1\r\nHost: x\r\n\r\n") # queued, not waited for
+    sleep 0.3
+    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    io = @server.tcp
+    assert_equal 200, request(io, "GET", "/hello").status
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :<, 1
+    res = read_response(slow, timeout: 30)
+    assert_equal "chunked", res["transfer-encoding"]
+    assert_equal 768 * 1024, res.body.bytesize
+    assert_equal 200, request(slow, "GET", "/hello").status, "the connection is still in sync"
+  ensure
+    io&.close
+    slow&.close
+  end
+
   def test_env
     io = @server.tcp
     res = request(io, "GET", "/env?a=1&b=%20", headers: { "Host" => "example.com:8080", "X-Thing" => "v1",
