@@ -303,6 +303,7 @@ module Blackbuck
         begin_graceful_stop("signal")
       end
       expire(t)
+      resume_accepting if @paused # e.g. after EMFILE with no connection left to close
       check_memory unless @stopping || @max_rss_kib.zero?
       @scoreboard.tick(@index, @stopping ? 4 : 0, @conns.size)
       $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping} requests: #{@served} connections: #{@conns.size}"
