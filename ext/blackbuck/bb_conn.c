@@ -676,6 +676,49 @@ static int stream_iov(struct conn *c, struct iovec *iov, int cnt)
     return WRITE_DONE;
 }
 
+static int hint_i(VALUE key, VALUE val, VALUE arg)
+{
+    const char *p, *end, *nl;
+    long i, n;
+    VALUE v;
+    (void)arg;
+    if (!RB_TYPE_P(key, T_STRING)) rb_raise(rb_eTypeError, "early hint name must be a String");
+    check_field(RSTRING_PTR(key), (size_t)RSTRING_LEN(key), 1);
+    n = RB_TYPE_P(val, T_ARRAY) ? RARRAY_LEN(val) : 1;
+    for (i = 0; i < n; i++) {
+        v = RB_TYPE_P(val, T_ARRAY) ? RARRAY_AREF(val, i) : val;
+        if (!RB_TYPE_P(v, T_STRING)) rb_raise(rb_eTypeError, "early hint value must be a String");
+        p = RSTRING_PTR(v);
+        end = p + RSTRING_LEN(v);
+        do { /* Rack 2 style: several values joined by "\n" */
+            nl = memchr(p, '\n', (size_t)(end - p));
+            check_field(p, (size_t)((nl ? nl : end) - p), 0);
+            hcat(RSTRING_PTR(key), (size_t)RSTRING_LEN(key));
+            hcat(": ", 2);
+            hcat(p, (size_t)((nl ? nl : end) - p));
+            hcat("\r\n", 2);
+            p = nl ? nl + 1 : end;
+        } while (nl);
+    }
+    return ST_CONTINUE;
+}
+
+/* write_hints(headers) -> true | false: a 103 Early Hints response, every field validated. */
+static VALUE conn_write_hints(VALUE self, VALUE headers)
+{
+    struct conn *c = get_conn(self);
+    struct iovec iov;
+    Check_Type(headers, T_HASH);
+    head.len = 0;
+    hcat("HTTP/1.1 103 Early Hints\r\n", 26);
+    rb_hash_foreach(headers, hint_i, Qnil);
+    hcat("\r\n", 2);
+    if (c->fd < 0) return Qfalse;
+    iov.iov_base = head.buf;
+    iov.iov_len = head.len;
+    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+}
+
 /* write_part(str, chunked) -> true | false (client gone, or not reading for write_timeout) */
 static VALUE conn_write_part(VALUE self, VALUE str, VALUE chunked)
 {
@@ -775,19 +818,6 @@ static VALUE conn_write_continue(VALUE self)
     iov.iov_len = 25;
     c->expect_continue = 0;
     if (c->fd < 0) return Qfalse;
-    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
-}
-
-/* write_raw(str) -> true | false: bytes as they are (early hints), waiting up to write_timeout_ms. */
-static VALUE conn_write_raw(VALUE self, VALUE str)
-{
-    struct conn *c = get_conn(self);
-    struct iovec iov;
-    StringValue(str);
-    if (c->fd < 0) return Qfalse;
-    iov.iov_base = RSTRING_PTR(str);
-    iov.iov_len = (size_t)RSTRING_LEN(str);
-    RB_GC_GUARD(str);
     return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
 }
 
@@ -910,7 +940,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "flush", conn_flush, 0);
     rb_define_method(cConn, "write_error", conn_write_error, 1);
     rb_define_method(cConn, "write_continue", conn_write_continue, 0);
-    rb_define_method(cConn, "write_raw", conn_write_raw, 1);
+    rb_define_method(cConn, "write_hints", conn_write_hints, 1);
     rb_define_method(cConn, "close", conn_close, 0);
     rb_define_method(cConn, "detach", conn_detach, 0);
     rb_define_method(cConn, "next_request!", conn_next, 0);

@@ -182,16 +182,10 @@ module Blackbuck
         @io
       end
 
+      # rack.early_hints: a 103 response; names and values are validated like any response
+      # header (an invalid one raises ArgumentError in the app).
       def early_hints
-        @early_hints ||= lambda do |headers|
-          lines = +"HTTP/1.1 103 Early Hints\r\n"
-          headers.each do |k, v|
-            Array(v).each { |one| one.to_s.split("\n").each { |x| lines << "#{k}: #{x}\r\n" } }
-          end
-          raise ArgumentError, "invalid early hint" if lines.count("\r") != lines.count("\n")
-
-          @conn.write_raw(lines << "\r\n")
-        end
+        @early_hints ||= ->(headers) { @conn.write_hints(headers) }
       end
     end
   end

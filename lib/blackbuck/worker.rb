@@ -223,11 +223,14 @@ module Blackbuck
       @request.advance(conn)
     end
 
+    # The client became writable: send more. write_timeout limits how long it may take
+    # nothing, so the deadline moves with every flush (a steady slow reader is fine).
     def flush(conn)
       case conn.flush
       when Native::Conn::WRITE_DONE
         watch(conn, IN)
         finish_response(conn)
+      when Native::Conn::WRITE_PENDING then conn.deadline = now + @write_timeout
       when Native::Conn::WRITE_FAILED then drop(conn)
       end
     end
