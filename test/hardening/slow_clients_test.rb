@@ -1,0 +1,196 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+
+# Slow clients never hold a worker: while each kind of slow client is connected, a normal
+# request on a fresh connection is answered within 1 s (one worker, so a held worker would
+# show), and the slow client is answered 408 or dropped once its deadline passes.
+class SlowClientsHardeningTest < ServerTest
+  FRESH_BOUND = 1.0 # seconds: a fresh request must be served this fast while slow clients wait
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # GET /hello on a new connection; returns the seconds it took.
+  def timed_fresh_request(server)
+    t = now
+    io = server.tcp
+    res = request(io, "GET", "/hello")
+    assert_equal 200, res&.status
+    now - t
+  ensure
+    io&.close
+  end
+
+  def assert_fresh_request_served(server)
+    elapsed = timed_fresh_request(server)
+    assert_operator elapsed, :<, FRESH_BOUND, "a fresh request waited #{elapsed.round(2)} s behind slow clients"
+  end
+
+  # 100 connections each trickle a byte of a never-ending head every 200 ms.
+  def test_slowloris_100_connections_get_408_after_the_header_timeout
+    server = start_server(["-l", "127.0.0.1:0", "--header-timeout", "2"], app: "kitchen.ru")
+    head = "GET /hello HTTP/1.1\r\nHost: x\r\nX-Slow: #{'s' * 200}"
+    socks = Array.new(100) { server.tcp }
+    answered = {} # socket => time its answer became readable
+    started = now
+    trickler = Thread.new do
+      (0...head.bytesize).each do |i|
+        break if answered.size == socks.size || now - started > 10
+
+        socks.each do |s|
+          next if answered.key?(s)
+
+          if s.wait_readable(0) # the server answered: stop writing (a write now would be reset)
+            answered[s] = now
+            next
+          end
+          s.write_nonblock(head.byteslice(i), exception: false)
+        rescue Errno::EPIPE, Errno::ECONNRESET
+          answered[s] ||= now
+        end
+        sleep 0.2
+      end
+    end
+
+    sleep 0.5
+    3.times do # across the deadline
+      assert_fresh_request_served(server)
+      sleep 0.6
+    end
+    trickler.join(15)
+    refute trickler.alive?, "the trickling clients were still not answered after 15 s"
+
+    socks.each_with_index do |s, i|
+      out = read_all(s)
+      assert_match(%r{\AHTTP/1\.1 408 }, out, "slowloris client #{i}")
+      assert_match(/\r\nConnection: close\r\n/i, out)
+      assert closed_by_peer?(s, timeout: 1), "slowloris client #{i} is closed after its 408"
+      waited = answered[s] - started
+      assert_operator waited, :>=, 1.5, "client #{i} answered after #{waited.round(2)} s, before the 2 s deadline"
+      assert_operator waited, :<=, 8, "client #{i} answered after #{waited.round(2)} s"
+    end
+    assert_fresh_request_served(server)
+  ensure
+    trickler&.kill
+    socks&.each(&:close)
+  end
+
+  # A body at ~100 bytes/s: min_body_rate 1024 applies after the 10 s grace, so 408 then,
+  # although bytes keep arriving (body_timeout, the gap limit, never fires).
+  def test_slow_body_below_min_body_rate_gets_408_after_the_grace_period
+    server = start_server(["-l", "127.0.0.1:0", "--min-body-rate", "1024", "--body-timeout", "5"], app: "kitchen.ru")
+    io = server.tcp
+    io.write("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+    started = now
+    writer = Thread.new do
+      until now - started > 20
+        break if io.wait_readable(0)
+
+        io.write_nonblock("b" * 10, exception: false)
+        sleep 0.1
+      end
+    rescue Errno::EPIPE, Errno::ECONNRESET
+      nil
+    end
+    assert_fresh_request_served(server)
+    sleep 3
+    assert_fresh_request_served(server)
+    writer.join(25)
+    answered_after = now - started
+    out = read_all(io)
+    assert_match(%r{\AHTTP/1\.1 408 }, out, "a body at ~100 B/s with --min-body-rate 1024 after #{answered_after.round(1)} s")
+    assert_match(/\r\nConnection: close\r\n/i, out)
+    assert closed_by_peer?(io, timeout: 1), "closed after the 408"
+    assert_operator answered_after, :>=, 9.5, "408 came before the 10 s grace period"
+    assert_operator answered_after, :<=, 16
+    assert_fresh_request_served(server)
+  ensure
+    writer&.kill
+    io&.close
+  end
+
+  # A client asks for 20 MB and never reads: the worker queues the rest, serves others, and
+  # drops the client once write_timeout passes.
+  def test_reader_that_never_reads_is_dropped_after_the_write_timeout
+    server = start_server(["-l", "127.0.0.1:0", "--write-timeout", "2"], app: "kitchen.ru")
+    io = server.tcp
+    io.write("GET /big?n=20000000 HTTP/1.1\r\nHost: x\r\n\r\n")
+    started = now
+    sleep 0.3
+    worker = server.worker_pids.first
+    busy_fds = socket_fds(worker)
+    assert_fresh_request_served(server)
+    sleep 1
+    assert_fresh_request_served(server)
+
+    # Dropped: the worker closes the socket (its fd count falls back) within a few seconds.
+    dropped_at = nil
+    until now - started > 10
+      if socket_fds(worker) < busy_fds
+        dropped_at = now - started
+        break
+      end
+      sleep 0.1
+    end
+    refute_nil dropped_at, "the worker still holds the non-reading client after 10 s"
+    assert_operator dropped_at, :>=, 1.5, "dropped after #{dropped_at.round(2)} s, before the 2 s write timeout"
+
+    got = read_all(io, timeout: 20).bytesize
+    assert_operator got, :<, 20_000_000, "the client was dropped, so it cannot have the whole body"
+    assert_fresh_request_served(server)
+  ensure
+    io&.close
+  end
+
+  # write_timeout is documented as "how long a client may stop reading a response": a client
+  # that reads a large response steadily, never pausing for long, must get all of it even
+  # when the whole transfer takes longer than write_timeout.
+  def test_steady_slow_reader_is_not_cut_off_by_the_write_timeout
+    server = start_server(["-l", "127.0.0.1:0", "--write-timeout", "2"], app: "kitchen.ru")
+    io = server.tcp
+    io.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, 65_536)
+    n = 20_000_000
+    io.write("GET /big?n=#{n} HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = 0
+    head = +""
+    started = now
+    Timeout.timeout(30) do
+      while got < n
+        data = io.readpartial(65_536)
+        if head.include?("\r\n\r\n")
+          got += data.bytesize
+        else
+          head << data
+          got = head.split("\r\n\r\n", 2)[1].to_s.bytesize if head.include?("\r\n\r\n")
+        end
+        sleep 0.02 # at most ~3 MB/s: several seconds for the whole body, never idle for 2 s
+      end
+    end
+    assert_equal n, got
+  rescue EOFError, Errno::ECONNRESET
+    if got < n
+      flunk "write_timeout cut off a steady reader: GET /big?n=#{n} with --write-timeout 2, read " \
+            "64 KiB every 20 ms, ended after #{(now - started).round(1)} s with #{got} of #{n} body bytes " \
+            "(the WRITE deadline must move with every flush that makes progress)"
+    end
+  ensure
+    io&.close
+  end
+
+  private
+
+  def read_all(io, timeout: 10)
+    out = +""
+    Timeout.timeout(timeout) { loop { out << io.readpartial(65_536) } }
+  rescue EOFError, Errno::ECONNRESET, Timeout::Error
+    out
+  end
+
+  def socket_fds(pid)
+    Dir.children("/proc/#{pid}/fd").count do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}").start_with?("socket:")
+    rescue SystemCallError
+      false
+    end
+  end
+end
