@@ -9,6 +9,7 @@ rescue LoadError => e
   raise LoadError, "the C extension is not built (#{e.message}); run `bundle exec rake compile`"
 end
 
+require_relative "blackbuck/scoreboard"
 require_relative "blackbuck/logger"
 require_relative "blackbuck/config"
 require_relative "blackbuck/listeners"

@@ -42,5 +42,6 @@ int bb_wait_writable(int fd, int timeout_ms);
 void bb_init_conn(void);
 void bb_init_poller(void);
 void bb_init_scoreboard(void);
+void bb_init_queue(void);
 
 #endif

@@ -15,7 +15,7 @@
 
 struct sb_slot {
     int32_t pid;
-    int32_t state;        /* Blackbuck::Scoreboard::STATES index, set by the worker */
+    int32_t state;        /* Blackbuck::Native::Scoreboard::IDLE/BUSY/STOPPING (lib/blackbuck/scoreboard.rb) */
     uint64_t requests;    /* requests served by this worker */
     int64_t started_ms;   /* CLOCK_MONOTONIC ms when the current request started; 0 when idle */
     int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
@@ -94,7 +94,7 @@ static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
     return Qnil;
 }
 
-/* request_start(i, method, path): state := busy (2), start clock, remember what runs. */
+/* request_start(i, method, path): state := BUSY (2), start clock, remember what runs. */
 static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path)
 {
     struct sb_slot *s = slot(self, idx);

@@ -19,6 +19,11 @@ module Blackbuck
     end
 
     def run
+      case @argv.first
+      when "status" # `blackbuck status [--json] ADDR`: a client of --stats-listen, not a server
+        require_relative "status_client"
+        return StatusClient.new(@argv.drop(1), out: @out, err: @err).run
+      end
       argv = @argv.dup
       parser = option_parser
       rest = parser.parse(@argv)

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "worker"
+require_relative "status"
 
 module Blackbuck
   # The master process: forks workers from the preloaded app, keeps their number, replaces
@@ -31,6 +32,10 @@ module Blackbuck
 
     def run
       @wake_r, @wake_w = IO.pipe
+      if @config[:stats_listen]
+        @status = StatusServer.start(@config[:stats_listen], supervisor: self, scoreboard: @scoreboard,
+                                                             listeners: @listeners, logger: @logger)
+      end
       SIGNALS.each { |sig| trap(sig) { enqueue(sig) } }
       $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
       until @stopping
@@ -73,8 +78,9 @@ module Blackbuck
     end
 
     def sleep_until_woken
-      IO.select([@wake_r], nil, nil, 1)
+      ready, = IO.select([@wake_r, @status&.io].compact, nil, nil, 1)
       @wake_r.read_nonblock(1024, exception: false)
+      @status.serve if @status && ready&.include?(@status.io)
     end
 
     def spawn_missing
@@ -93,6 +99,7 @@ module Blackbuck
       pid = fork do
         control_w.close
         [@wake_r, @wake_w].each(&:close)
+        @status&.close_in_child
         @children.each_value { |c| c.control.close }
         @old_workers.each_value { |io| io.close unless io.closed? }
         run_worker(index, control_r)
@@ -222,6 +229,7 @@ module Blackbuck
     # workers finish what is in flight, then kill whatever is left after graceful_timeout.
     def shutdown
       @listeners.each(&:close)
+      @status&.close
       @children.each_value { |c| tell_stop(c) }
       @old_workers.each_value do |io| # after a HUP not yet complete: they stop too
         io.write_nonblock(STOP_MESSAGE, exception: false) unless io.closed?

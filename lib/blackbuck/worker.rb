@@ -96,7 +96,7 @@ module Blackbuck
         mode = @response.handle(conn, env)
       ensure
         @in_app = false
-        @scoreboard.request_done(@index, 1)
+        @scoreboard.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
       end
       @served += 1
       @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
@@ -308,7 +308,7 @@ module Blackbuck
       expire(t)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
       check_memory unless @stopping || @max_rss_kib.zero?
-      @scoreboard.tick(@index, @stopping ? 4 : 0, @conns.size)
+      @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
       $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping} requests: #{@served} connections: #{@conns.size}"
       @exit = true if @stopping && (@conns.empty? || t >= @stop_deadline)
     end

@@ -1,0 +1,171 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+
+# Hot deploy under Server::Starter (Debian libserver-starter-perl): start_server owns the
+# listening sockets and passes them down (SERVER_STARTER_PORT); on HUP it starts a new
+# generation of blackbuck, waits --interval, then sends TERM to the old one. Under load,
+# no request may fail and the new generation must serve.
+class HotDeployTest < Minitest::Test
+  include HTTPHelpers
+
+  START_SERVER = ENV.fetch("START_SERVER", "start_server")
+  LOAD_THREADS = 6       # three per transport
+  IDLE_PAUSE = 0.3       # the third client of each transport idles up to this long between requests
+  LOAD_MAX_SECONDS = 30  # the load stops by itself after this long, whatever happens
+  LOAD_MAX_REQUESTS = 50_000
+
+  def setup
+    skip "#{START_SERVER} not installed (apt-get install libserver-starter-perl)" unless system("which #{START_SERVER} >/dev/null 2>&1")
+    @dir = Dir.mktmpdir("bb-test")
+    @sock = File.join(@dir, "app.sock")
+    @log_path = File.join(@dir, "start_server.log")
+    @port = free_port
+  end
+
+  def teardown
+    kill_group if @pid
+    warn "\n--- start_server log (#{name}) ---\n#{log}--- end ---" unless passed? || @pid.nil?
+    FileUtils.rm_rf(@dir) if @dir
+  end
+
+  def test_hup_under_load_drops_nothing_and_the_new_generation_serves
+    cmd = [START_SERVER, "--port", "127.0.0.1:#{@port}", "--path", @sock, "--interval", "1", "--",
+           RbConfig.ruby, EXE, "-w", "2", File.join(APPS, "kitchen.ru")]
+    @pid = Process.spawn(*cmd, out: @log_path, err: @log_path, pgroup: true, chdir: ROOT)
+    wait_for(20) { worker_pids.size >= 2 }
+    old = worker_pids
+
+    results = Queue.new
+    stop = false
+    deadline = now + LOAD_MAX_SECONDS
+    threads = Array.new(LOAD_THREADS) do |i|
+      Thread.new do
+        transport = i.even? ? :tcp : :unix
+        # Per transport: a busy keep-alive client, a new connection per request, and a keep-alive
+        # client that idles between requests (as a proxy's upstream pool does).
+        keepalive = i < 2 || i >= 4
+        pause = i >= 4 ? IDLE_PAUSE : 0
+        load_loop(transport, keepalive, pause, results) { stop || now > deadline || results.size >= LOAD_MAX_REQUESTS }
+      end
+    end
+    sleep 1 # load against the first generation
+    Process.kill(:HUP, @pid)
+    wait_for(30) { (worker_pids - old).size >= 2 } # the new generation is up
+    wait_for(30) { log.scan(/master \(pid \d+\) exiting/).size >= 1 } # and the old one has gone
+    sleep 1 # load against the new generation only
+    stop = true
+    threads.each(&:join)
+
+    all = Array.new(results.size) { results.pop }
+    failures = all.reject { |r| r[:ok] }
+    new_pids = worker_pids - old
+    served_by_new = all.count { |r| r[:ok] && new_pids.include?(r[:pid]) }
+    served_by_old = all.count { |r| r[:ok] && old.include?(r[:pid]) }
+    summary = "#{all.size} requests, #{failures.size} failed, #{served_by_old} by old workers #{old}, " \
+              "#{served_by_new} by new workers #{new_pids}"
+    puts "\n  hot deploy: #{summary}" if ENV["VERBOSE"]
+    assert_operator all.size, :>, 100, summary
+    assert_operator served_by_old, :>, 0, summary
+    assert_operator served_by_new, :>, 0, summary
+    assert_empty failures.first(10), summary
+
+    # TERM start_server: every process of the group is gone, nothing killed by name.
+    Process.kill(:TERM, @pid)
+    wait_for(20) { exited? }
+    wait_for(20) { !group_alive? }
+    (old + new_pids).each { |pid| refute alive?(pid), "worker #{pid} is gone" }
+    @pid = nil
+  end
+
+  private
+
+  # Issues requests until the block says stop; pushes {ok:, pid:, error:} for each.
+  def load_loop(transport, keepalive, pause, results)
+    io = nil
+    until yield
+      sleep(rand * pause) if pause.positive?
+      io ||= connect(transport)
+      reused = io.instance_variable_defined?(:@used)
+      begin
+        io.write("GET /env HTTP/1.1\r\nHost: x\r\n#{'Connection: close' unless keepalive}\r\n\r\n")
+        res = read_response(io)
+        raise EOFError, "connection closed before any response#{' (reused keep-alive connection)' if reused}" unless res
+        raise "status #{res.status}" unless res.status == 200
+
+        results << { ok: true, pid: JSON.parse(res.body)["worker.pid"].to_i }
+        io.instance_variable_set(:@used, true)
+        if !keepalive || res["connection"]&.casecmp?("close")
+          io.close
+          io = nil
+        end
+      rescue StandardError => e
+        results << { ok: false, error: "#{transport} #{keepalive ? 'keep-alive' : 'new-conn'}: #{e.class}: #{e.message}" }
+        io&.close
+        io = nil
+      end
+    end
+  ensure
+    io&.close
+  end
+
+  def connect(transport) = transport == :tcp ? TCPSocket.new("127.0.0.1", @port) : UNIXSocket.new(@sock)
+
+  def free_port
+    s = TCPServer.new("127.0.0.1", 0)
+    s.addr[1]
+  ensure
+    s&.close
+  end
+
+  def log = File.exist?(@log_path) ? File.read(@log_path) : ""
+  def worker_pids = log.scan(/worker \d+ \(pid (\d+)\) ready/).flatten.map(&:to_i).uniq
+
+  def exited?
+    return true if @status
+
+    pid, st = Process.waitpid2(@pid, Process::WNOHANG)
+    @status = st if pid
+    !@status.nil?
+  end
+
+  def group_alive?
+    Process.kill(0, -@pid)
+    true
+  rescue Errno::ESRCH, Errno::EPERM
+    false
+  end
+
+  def alive?(pid)
+    Process.kill(0, pid)
+    true
+  rescue Errno::ESRCH
+    false
+  end
+
+  # Cleanup after a failure: TERM the group, then KILL it. By process group only.
+  def kill_group
+    [:TERM, :KILL].each do |sig|
+      break unless group_alive?
+
+      Process.kill(sig, -@pid)
+      5.times { sleep 0.2 if group_alive? }
+    end
+    exited?
+  rescue Errno::ESRCH, Errno::EPERM
+    nil
+  end
+
+  def wait_for(timeout)
+    deadline = now + timeout
+    until (v = yield)
+      raise "condition not met within #{timeout}s" if now > deadline
+
+      sleep 0.05
+    end
+    v
+  end
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+end
