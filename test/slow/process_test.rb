@@ -187,6 +187,21 @@ class OobGCTest < ServerTest
     io&.close
   end
 
+  def gcs_inside_requests(args)
+    server = start_server(["-l", "127.0.0.1:0", *args], app: "gc_churn.ru")
+    io = server.tcp
+    Array.new(60) { Integer(request(io, "GET", "/").body).tap { sleep 0.01 } }.sum
+  ensure
+    io&.close
+  end
+
+  def test_oob_gc_auto_moves_gcs_out_of_requests
+    without = gcs_inside_requests([])
+    with = gcs_inside_requests(["--oob-gc-auto"])
+    assert_operator without, :>=, 20, "control: this app needs GCs while it runs"
+    assert_operator with * 4, :<, without, "with --oob-gc-auto most GCs run between requests (#{with} vs #{without})"
+  end
+
   def test_oob_gc_runs_between_requests
     with = gc_delta(["--oob-gc", "1"])
     without = gc_delta([])

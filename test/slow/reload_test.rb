@@ -75,3 +75,22 @@ class ReloadTest < ServerTest
     assert server.wait_exit(20)&.success?
   end
 end
+
+# The config-file hooks around process lifecycle.
+class HooksTest < ServerTest
+  def test_after_worker_exit_and_before_exec
+    dir = Dir.mktmpdir("bb-test")
+    File.write("#{dir}/conf.rb", <<~RUBY)
+      after_worker_exit { |_server, index, status| File.write("#{dir}/exit-\#{index}", status.exitstatus.to_s) }
+      before_exec { |_server| File.write("#{dir}/before-exec", Process.pid.to_s) }
+    RUBY
+    server = start_server(["-c", "#{dir}/conf.rb", "-l", "127.0.0.1:0"], dir: dir)
+    Process.kill(:TERM, server.worker_pids.first) # a worker stops on its own: graceful, exit 0
+    Timeout.timeout(15) { sleep 0.05 until File.exist?("#{dir}/exit-0") }
+    assert_equal "0", File.read("#{dir}/exit-0")
+    server.signal(:HUP)
+    Timeout.timeout(30) { sleep 0.05 until File.exist?("#{dir}/before-exec") }
+    assert_equal server.pid.to_s, File.read("#{dir}/before-exec"), "before_exec runs in the master"
+    Timeout.timeout(30) { sleep 0.1 until server.log.include?("old workers finishing") }
+  end
+end
