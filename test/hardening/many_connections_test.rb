@@ -16,7 +16,10 @@ class ManyConnectionsTest < ServerTest
   # 2,000 TCP connections, all open at once, then 2,000 UNIX ones, to one server with two
   # workers (default max_connections 1024 each: 2,048 in all). Every one gets its 200.
   def test_2000_tcp_then_2000_unix_connections_open_at_once
-    server = start_both([], app: "kitchen.ru", workers: 2)
+    # A backlog that holds all 2,000 connects even if the workers are slow to accept: once a
+    # UNIX listen queue is full, connect(2) fails with EAGAIN and the (non-blocking) client
+    # socket is left unconnected, which Ruby only reports later as ENOTCONN on write.
+    server = start_both(["--backlog", "4096"], app: "kitchen.ru", workers: 2)
     %i[tcp unix].each do |transport|
       socks = []
       begin
