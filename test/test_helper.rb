@@ -226,6 +226,26 @@ class ServerTest < Minitest::Test
     start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", *args], dir: dir, **opts)
   end
 
+  # Polls the block until it returns a truthy value (returned), or raises after timeout.
+  def wait_for(timeout = 15)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    until (v = yield)
+      raise "condition not met within #{timeout}s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+    v
+  end
+
+  # Sockets a process holds open (from /proc).
+  def socket_fds(pid)
+    Dir.children("/proc/#{pid}/fd").count do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}").start_with?("socket:")
+    rescue SystemCallError
+      false
+    end
+  end
+
   def teardown
     (@servers || []).each do |s|
       s.stop

@@ -124,8 +124,9 @@ static int backend_ctl(struct poller *pl, int op, int fd, int mask)
     int i;
     for (i = 0; i < pl->nfds && pl->fds[i].fd != fd; i++)
         ;
-    if (op == OP_ADD) {
-        if (i < pl->nfds) return errno = EEXIST, -1;
+    if (op == OP_ADD && i == pl->nfds) {
+        /* An fd number already registered was closed and reused: closing does not unregister
+         * it here (unlike epoll), so the new socket just takes the entry over below. */
         if (pl->nfds == pl->cap) {
             pl->cap = pl->cap ? pl->cap * 2 : 64;
             REALLOC_N(pl->fds, struct pollfd, pl->cap);
@@ -151,14 +152,20 @@ static int backend_wait(struct poller *pl, int timeout_ms)
 
 static int backend_collect(struct poller *pl, int n, VALUE out)
 {
-    int k, got = 0;
+    int i, j, k, got = 0;
+    /* Closed fds are never deleted from here (epoll forgets them by itself): poll flags them
+     * POLLNVAL, and they are dropped before anything is reported. */
+    for (i = 0, j = 0; i < pl->nfds; i++)
+        if (!(pl->fds[i].revents & POLLNVAL)) pl->fds[j++] = pl->fds[i];
+    pl->nfds = j;
+    if (pl->next >= pl->nfds) pl->next = 0;
     for (k = 0; k < pl->nfds && got < n && got < pl->max_events; k++) {
         struct pollfd *f = &pl->fds[(pl->next + k) % pl->nfds];
         int m = 0;
         if (!f->revents) continue;
         if (f->revents & POLLIN) m |= POLL_IN;
         if (f->revents & POLLOUT) m |= POLL_OUT;
-        if (f->revents & (POLLERR | POLLHUP | POLLNVAL)) m |= POLL_ERR;
+        if (f->revents & (POLLERR | POLLHUP)) m |= POLL_ERR;
         rb_ary_push(out, INT2FIX(f->fd));
         rb_ary_push(out, INT2FIX(m));
         got++;

@@ -71,14 +71,6 @@ class ManyConnectionsTest < ServerTest
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-  def socket_fds(pid)
-    Dir.children("/proc/#{pid}/fd").count do |fd|
-      File.readlink("/proc/#{pid}/fd/#{fd}").start_with?("socket:")
-    rescue SystemCallError
-      false
-    end
-  end
-
   def assert_all_served(server, count, extra)
     socks = Array.new(count) { server.tcp }
     socks.each { |s| s.write("GET /hello HTTP/1.1\r\nHost: x\r\n#{extra}\r\n") }

@@ -185,12 +185,4 @@ class SlowClientsHardeningTest < ServerTest
   rescue EOFError, Errno::ECONNRESET, Timeout::Error
     out
   end
-
-  def socket_fds(pid)
-    Dir.children("/proc/#{pid}/fd").count do |fd|
-      File.readlink("/proc/#{pid}/fd/#{fd}").start_with?("socket:")
-    rescue SystemCallError
-      false
-    end
-  end
 end

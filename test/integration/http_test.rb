@@ -163,6 +163,21 @@ class HTTPTest < ServerTest
     slow&.close
   end
 
+  # Regression (poll backend): the server closes a connection, the next one gets the same fd
+  # number and, having sent nothing yet, must be registered for reading again.
+  def test_a_closed_connection_slot_is_reused_cleanly
+    5.times do |i|
+      bad = @server.unix
+      bad.write("BAD\r\n\r\n")
+      bad.read
+      bad.close
+      io = @server.unix
+      sleep 0.05 # nothing to read when it is accepted
+      assert_equal 200, request(io, "GET", "/hello?#{i}").status
+      io.close
+    end
+  end
+
   def test_env
     io = @server.tcp
     res = request(io, "GET", "/env?a=1&b=%20", headers: { "Host" => "example.com:8080", "X-Thing" => "v1",

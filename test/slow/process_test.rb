@@ -6,16 +6,6 @@ require "etc"
 
 # Tests that fork, signal and wait: the master/worker lifecycle.
 class ProcessLifecycleTest < ServerTest
-  def wait_for(timeout = 15)
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-    until (v = yield)
-      raise "condition not met within #{timeout}s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-
-      sleep 0.05
-    end
-    v
-  end
-
   def test_graceful_term_finishes_the_request_in_flight_then_refuses_new_connections
     server = start_both(app: "kitchen.ru")
     idle = server.tcp

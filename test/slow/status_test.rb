@@ -27,16 +27,6 @@ class StatusTest < ServerTest
 
   def status = JSON.parse(stats_get("/status").tap { |code, _| assert_equal 200, code }[1])
 
-  def wait_for(timeout = 10)
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-    until (v = yield)
-      raise "condition not met within #{timeout}s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-
-      sleep 0.05
-    end
-    v
-  end
-
   # Every sample's family has # HELP and # TYPE lines before it. Returns {family => {labels => value}}.
   def parse_prometheus(text)
     helped = {}
