@@ -324,7 +324,14 @@ static VALUE conn_parse(VALUE self)
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
     rb_hash_aset(env, k_connection, self);
     for (i = 0; i < req.num_headers; i++) add_header(env, &headers[i]);
-    if (req.host_index >= 0) set_host(env, headers[req.host_index].value, headers[req.host_index].value_len);
+    if (req.target_len > 0 && req.target[0] != '/' && req.target[0] != '*') {
+        /* absolute-form (http://host[:port]/path): RFC 9112 3.2.2, the target's authority wins
+         * over Host. The parser guarantees a scheme "http(s)://" and that path points inside. */
+        const char *auth = memchr(req.target, '/', req.target_len);
+        if (auth && auth + 2 <= req.path) set_host(env, auth + 2, (size_t)(req.path - (auth + 2)));
+    } else if (req.host_index >= 0) {
+        set_host(env, headers[req.host_index].value, headers[req.host_index].value_len);
+    }
 
     c->minor = req.minor_version;
     c->keepalive = req.minor_version ? !(req.flags & BB_F_CONN_CLOSE)

@@ -255,6 +255,22 @@ class HTTPTest < ServerTest
     io&.close
   end
 
+  def test_absolute_form_target_authority_wins_over_host
+    io = @server.tcp
+    io.write("GET http://example.org:8443/env?q=1 HTTP/1.1\r\nHost: other.test\r\n\r\n")
+    env = JSON.parse(read_response(io).body)
+    assert_equal "/env", env["PATH_INFO"]
+    assert_equal "q=1", env["QUERY_STRING"]
+    assert_equal "example.org", env["SERVER_NAME"]
+    assert_equal "8443", env["SERVER_PORT"]
+    io.write("GET http://example.org/env HTTP/1.1\r\nHost: other.test\r\n\r\n")
+    env = JSON.parse(read_response(io).body)
+    assert_equal "example.org", env["SERVER_NAME"]
+    assert_equal "80", env["SERVER_PORT"]
+  ensure
+    io&.close
+  end
+
   def test_full_hijack
     io = @server.tcp
     res = request(io, "GET", "/hijack")
