@@ -39,6 +39,16 @@ run lambda { |env|
     sleep Float(env["QUERY_STRING"][/t=([\d.]+)/, 1] || 1)
     [200, {}, ["slept\n"]]
   when "/raise" then raise "boom from the app"
+  when "/stubborn" # swallows the timeout notice: only SIGKILL stops it
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+    while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+      begin
+        sleep 0.1
+      rescue Exception # rubocop:disable Lint/RescueException
+        nil
+      end
+    end
+    [200, {}, ["never"]]
   when "/bad-triplet" then [200, "not a hash", ["x"]]
   when "/bad-part" then [200, {}, [:not_a_string]]
   when "/bad-header" then [200, { "x-evil" => "a\r\nInjected: yes" }, ["x"]]

@@ -72,6 +72,21 @@ class ProcessLifecycleTest < ServerTest
     io&.close
   end
 
+  def test_a_worker_that_ignores_the_timeout_is_killed_and_replaced
+    server = start_server(["-l", "127.0.0.1:0", "--timeout", "1"], app: "kitchen.ru")
+    old = server.worker_pids.first
+    io = server.tcp
+    io.write("GET /stubborn HTTP/1.1\r\nHost: x\r\n\r\n")
+    wait_for(20) { server.log.include?("did not stop after the timeout; killing it") }
+    wait_for(10) { server.log.match?(/worker 0 \(pid #{old}\) killed by SIGKILL/) }
+    wait_for(10) { (server.worker_pids - [old]).any? }
+    io2 = server.tcp
+    assert_equal 200, request(io2, "GET", "/hello").status
+  ensure
+    io&.close
+    io2&.close
+  end
+
   def test_recycling_after_max_requests_with_jitter_and_no_failed_request
     server = start_server(["-l", "127.0.0.1:0", "--max-requests-per-child", "6", "--min-requests-per-child", "3"],
                           app: "kitchen.ru")
