@@ -11,45 +11,22 @@ ROOT = File.expand_path("..", __dir__)
 EXE = File.join(ROOT, "exe", "blackbuck")
 APPS = File.join(__dir__, "apps")
 
-# A real `exe/blackbuck` process. Listeners are bound to port 0 and the real port is read
-# from the "listening on" log lines, so there are no port races. Its log is printed when a
-# test fails.
-class ServerProcess
-  attr_reader :pid, :log_path, :addrs, :dir
+# Any command run in its own process group with its output in a log file; stopped and cleaned
+# up by pid and process group, never by name.
+class ChildProcess
+  attr_reader :pid, :log_path
 
-  def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true)
-    @dir = dir || Dir.mktmpdir("bb-test")
-    @log_path = File.join(@dir, "server.log")
-    @workers = workers
-    rackup = app.start_with?("/") ? app : File.join(APPS, app)
-    cmd = [RbConfig.ruby, EXE, "-w", workers.to_s, *args, rackup]
-    @pid = Process.spawn(env, *cmd, out: @log_path, err: @log_path, pgroup: true)
-    wait_ready if wait
+  def initialize(cmd, log_path:, env: {}, chdir: nil)
+    @log_path = log_path
+    opts = { out: log_path, err: log_path, pgroup: true }
+    opts[:chdir] = chdir if chdir
+    @pid = Process.spawn(env, *cmd, **opts)
   end
 
   def log = File.exist?(@log_path) ? File.read(@log_path) : ""
 
-  def wait_ready(timeout: 20)
-    deadline = now + timeout
-    loop do
-      l = log
-      if l.scan(/worker \d+ \(pid \d+\) ready/).size >= @workers
-        @addrs = l.scan(/listening on (\S+)/).flatten
-        return self
-      end
-      raise "server exited early:\n#{l}" if exited?
-      raise "server not ready after #{timeout}s:\n#{l}" if now > deadline
-
-      sleep 0.05
-    end
-  end
-
-  def tcp_port = Integer(@addrs.find { |a| a.start_with?("http://") }[/:(\d+)\z/, 1])
-  def tcp_host = @addrs.find { |a| a.start_with?("http://") }[%r{http://\[?([^\]]+?)\]?:\d+\z}, 1]
-  def unix_path = @addrs.find { |a| a.start_with?("unix:") }&.delete_prefix("unix:")
-
-  def tcp = TCPSocket.new(tcp_host, tcp_port)
-  def unix = UNIXSocket.new(unix_path)
+  # Blackbuck's stable "worker N (pid P) ready" lines, in order, each pid once.
+  def worker_pids = log.scan(/worker \d+ \(pid (\d+)\) ready/).flatten.map(&:to_i).uniq
 
   def exited?
     return true if @status
@@ -66,7 +43,7 @@ class ServerProcess
 
   def signal(sig) = Process.kill(sig, @pid)
 
-  # Waits for the master to exit; returns its Process::Status or nil on timeout.
+  # Waits for the process to exit; returns its Process::Status or nil on timeout.
   def wait_exit(timeout = 15)
     deadline = now + timeout
     until exited?
@@ -77,7 +54,7 @@ class ServerProcess
     @status
   end
 
-  # TERM, then KILL the whole process group if it lingers. Never by name.
+  # TERM, then KILL the whole process group if it lingers.
   def stop
     return if exited? && !group_alive?
 
@@ -109,11 +86,46 @@ class ServerProcess
     false
   end
 
-  def worker_pids = log.scan(/worker \d+ \(pid (\d+)\) ready/).flatten.map(&:to_i)
-
   private
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+end
+
+# A real `exe/blackbuck` process. Listeners are bound to port 0 and the real port is read
+# from the "listening on" log lines, so there are no port races. Its log is printed when a
+# test fails.
+class ServerProcess < ChildProcess
+  attr_reader :addrs, :dir
+
+  def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true)
+    @dir = dir || Dir.mktmpdir("bb-test")
+    @workers = workers
+    rackup = app.start_with?("/") ? app : File.join(APPS, app)
+    super([RbConfig.ruby, EXE, "-w", workers.to_s, *args, rackup], log_path: File.join(@dir, "server.log"), env: env)
+    wait_ready if wait
+  end
+
+  def wait_ready(timeout: 20)
+    deadline = now + timeout
+    loop do
+      l = log
+      if l.scan(/worker \d+ \(pid \d+\) ready/).size >= @workers
+        @addrs = l.scan(/listening on (\S+)/).flatten
+        return self
+      end
+      raise "server exited early:\n#{l}" if exited?
+      raise "server not ready after #{timeout}s:\n#{l}" if now > deadline
+
+      sleep 0.05
+    end
+  end
+
+  def tcp_port = Integer(@addrs.find { |a| a.start_with?("http://") }[/:(\d+)\z/, 1])
+  def tcp_host = @addrs.find { |a| a.start_with?("http://") }[%r{http://\[?([^\]]+?)\]?:\d+\z}, 1]
+  def unix_path = @addrs.find { |a| a.start_with?("unix:") }&.delete_prefix("unix:")
+
+  def tcp = TCPSocket.new(tcp_host, tcp_port)
+  def unix = UNIXSocket.new(unix_path)
 end
 
 # A parsed HTTP/1.x response.

@@ -64,7 +64,8 @@ struct conn {
     long requests;
     int state;
     double deadline;
-    VALUE remote_addr, template, env, sink, aux;
+    double body_started; /* monotonic seconds when the request body began (min_body_rate) */
+    VALUE remote_addr, template, env, sink;
 };
 
 static VALUE cConn;
@@ -106,7 +107,6 @@ static void conn_mark(void *p)
     rb_gc_mark(c->template);
     rb_gc_mark(c->env);
     rb_gc_mark(c->sink);
-    rb_gc_mark(c->aux);
 }
 
 static void conn_free(void *p)
@@ -135,7 +135,7 @@ static VALUE conn_alloc(VALUE klass)
     struct conn *c;
     VALUE obj = TypedData_Make_Struct(klass, struct conn, &conn_type, c);
     c->fd = -1;
-    c->remote_addr = c->template = c->env = c->sink = c->aux = Qnil;
+    c->remote_addr = c->template = c->env = c->sink = Qnil;
     return obj;
 }
 
@@ -159,13 +159,6 @@ static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp)
     c->remote_addr = addr;
     c->template = tmpl;
     c->keepalive = 1;
-}
-
-/* Conn.new(fd, remote_addr, env_template, tcp): wraps a connected socket (tests, inherited fds). */
-static VALUE conn_init(VALUE self, VALUE fd, VALUE addr, VALUE tmpl, VALUE tcp)
-{
-    conn_setup(get_conn(self), NUM2INT(fd), addr, tmpl, RTEST(tcp));
-    return self;
 }
 
 /* Conn.accept(listen_fd, env_template, tcp) -> a new Conn, or nil when nothing is pending. */
@@ -892,14 +885,12 @@ ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
 ATTR_VALUE(env)
 ATTR_VALUE(sink)
-ATTR_VALUE(aux)
 
 static VALUE conn_get_buffered(VALUE self)
 {
     struct conn *c = get_conn(self);
     return LONG2NUM((long)(c->len - c->off));
 }
-static VALUE conn_get_remote_addr(VALUE self) { return get_conn(self)->remote_addr; }
 static VALUE conn_get_state(VALUE self) { return INT2FIX(get_conn(self)->state); }
 static VALUE conn_set_state(VALUE self, VALUE v)
 {
@@ -918,6 +909,12 @@ static VALUE conn_set_polled(VALUE self, VALUE v)
     get_conn(self)->polled = RTEST(v);
     return v;
 }
+static VALUE conn_get_body_started(VALUE self) { return DBL2NUM(get_conn(self)->body_started); }
+static VALUE conn_set_body_started(VALUE self, VALUE v)
+{
+    get_conn(self)->body_started = NUM2DBL(v);
+    return v;
+}
 static VALUE conn_no_keepalive(VALUE self)
 {
     get_conn(self)->keepalive = 0;
@@ -934,7 +931,6 @@ void bb_init_conn(void)
 {
     cConn = rb_define_class_under(bb_mNative, "Conn", rb_cObject);
     rb_define_alloc_func(cConn, conn_alloc);
-    rb_define_method(cConn, "initialize", conn_init, 4);
     rb_define_singleton_method(cConn, "accept", conn_s_accept, 3);
     rb_define_method(cConn, "fill", conn_fill, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);
@@ -963,7 +959,6 @@ void bb_init_conn(void)
     rb_define_method(cConn, "closed?", conn_get_closed, 0);
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
     rb_define_method(cConn, "buffered", conn_get_buffered, 0);
-    rb_define_method(cConn, "remote_addr", conn_get_remote_addr, 0);
     rb_define_method(cConn, "state", conn_get_state, 0);
     rb_define_method(cConn, "state=", conn_set_state, 1);
     rb_define_method(cConn, "deadline", conn_get_deadline, 0);
@@ -972,8 +967,8 @@ void bb_init_conn(void)
     rb_define_method(cConn, "env=", conn_set_env, 1);
     rb_define_method(cConn, "sink", conn_get_sink, 0);
     rb_define_method(cConn, "sink=", conn_set_sink, 1);
-    rb_define_method(cConn, "aux", conn_get_aux, 0);
-    rb_define_method(cConn, "aux=", conn_set_aux, 1);
+    rb_define_method(cConn, "body_started", conn_get_body_started, 0);
+    rb_define_method(cConn, "body_started=", conn_set_body_started, 1);
     rb_define_const(cConn, "WRITE_DONE", INT2FIX(WRITE_DONE));
     rb_define_const(cConn, "WRITE_PENDING", INT2FIX(WRITE_PENDING));
     rb_define_const(cConn, "STREAM_CHUNKED", INT2FIX(STREAM_CHUNKED));

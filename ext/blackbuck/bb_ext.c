@@ -67,13 +67,6 @@ const char *bb_date_header(size_t *len)
     return buf;
 }
 
-static VALUE native_date_header(VALUE self)
-{
-    size_t len;
-    const char *d = bb_date_header(&len);
-    return rb_str_new(d + 6, (long)len - 8); /* without "Date: " and CRLF */
-}
-
 VALUE bb_fstring(const char *ptr, long len)
 {
 #ifdef HAVE_RB_ENC_INTERNED_STR
@@ -179,13 +172,6 @@ int bb_accept(int lfd, int tcp, VALUE *addr)
     return fd;
 }
 
-/* Native.close(fd): close a raw descriptor (connections are raw fds, not IO objects). */
-static VALUE native_close(VALUE self, VALUE fd)
-{
-    close(NUM2INT(fd));
-    return Qnil;
-}
-
 /* Native.defer_accept(fd, seconds): TCP_DEFER_ACCEPT on a Linux TCP listener; false where unsupported. */
 static VALUE native_defer_accept(VALUE self, VALUE fd, VALUE secs)
 {
@@ -227,12 +213,9 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
     bb_settings.write_timeout_ms = 30000;
 
     rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);
-    rb_define_module_function(bb_mNative, "date_header", native_date_header, 0);
-    rb_define_module_function(bb_mNative, "close", native_close, 1);
     rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);
     rb_define_module_function(bb_mNative, "configure", native_configure, 5);
     rb_define_module_function(bb_mNative, "http_impl", native_http_impl, 0);
-    rb_define_const(bb_mNative, "HEADERS_CAP", INT2NUM(BB_HEADERS_CAP));
 
     bb_init_conn();
     bb_init_poller();

@@ -27,7 +27,7 @@ module Blackbuck
     def too_slow?(conn, t)
       return false unless @min_body_rate.positive? && conn.state == Worker::BODY
 
-      elapsed = t - conn.aux
+      elapsed = t - conn.body_started
       elapsed > MIN_RATE_GRACE && conn.sink.size < @min_body_rate * elapsed
     end
 
@@ -84,8 +84,8 @@ module Blackbuck
                   end
       conn.env = env
       conn.state = Worker::BODY
-      conn.aux = @worker.now # when the body started
-      conn.deadline = conn.aux + @body_timeout
+      conn.body_started = @worker.now
+      conn.deadline = conn.body_started + @body_timeout
       read_body(conn)
     rescue SystemCallError => e # no room for a tempfile
       @worker.logger.error("cannot buffer a request body: #{e.message}")

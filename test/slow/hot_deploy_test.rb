@@ -7,9 +7,7 @@ require "json"
 # listening sockets and passes them down (SERVER_STARTER_PORT); on HUP it starts a new
 # generation of blackbuck, waits --interval, then sends TERM to the old one. Under load,
 # no request may fail and the new generation must serve.
-class HotDeployTest < Minitest::Test
-  include HTTPHelpers
-
+class HotDeployTest < ServerTest
   START_SERVER = ENV.fetch("START_SERVER", "start_server")
   LOAD_THREADS = 6       # three per transport
   IDLE_PAUSE = 0.3       # the third client of each transport idles up to this long between requests
@@ -25,17 +23,17 @@ class HotDeployTest < Minitest::Test
   end
 
   def teardown
-    kill_group if @pid
-    warn "\n--- start_server log (#{name}) ---\n#{log}--- end ---" unless passed? || @pid.nil?
+    @starter&.stop
+    warn "\n--- start_server log (#{name}) ---\n#{@starter.log}--- end ---" unless passed? || @starter.nil?
     FileUtils.rm_rf(@dir) if @dir
   end
 
   def test_hup_under_load_drops_nothing_and_the_new_generation_serves
     cmd = [START_SERVER, "--port", "127.0.0.1:#{@port}", "--path", @sock, "--interval", "1", "--",
            RbConfig.ruby, EXE, "-w", "2", File.join(APPS, "kitchen.ru")]
-    @pid = Process.spawn(*cmd, out: @log_path, err: @log_path, pgroup: true, chdir: ROOT)
-    wait_for(20) { worker_pids.size >= 2 }
-    old = worker_pids
+    @starter = ChildProcess.new(cmd, log_path: @log_path, chdir: ROOT)
+    wait_for(20) { @starter.worker_pids.size >= 2 }
+    old = @starter.worker_pids
 
     results = Queue.new
     stop = false
@@ -51,16 +49,16 @@ class HotDeployTest < Minitest::Test
       end
     end
     sleep 1 # load against the first generation
-    Process.kill(:HUP, @pid)
-    wait_for(30) { (worker_pids - old).size >= 2 } # the new generation is up
-    wait_for(30) { log.scan(/master \(pid \d+\) exiting/).size >= 1 } # and the old one has gone
+    @starter.signal(:HUP)
+    wait_for(30) { (@starter.worker_pids - old).size >= 2 } # the new generation is up
+    wait_for(30) { @starter.log.scan(/master \(pid \d+\) exiting/).size >= 1 } # and the old one has gone
     sleep 1 # load against the new generation only
     stop = true
     threads.each(&:join)
 
     all = Array.new(results.size) { results.pop }
     failures = all.reject { |r| r[:ok] }
-    new_pids = worker_pids - old
+    new_pids = @starter.worker_pids - old
     served_by_new = all.count { |r| r[:ok] && new_pids.include?(r[:pid]) }
     served_by_old = all.count { |r| r[:ok] && old.include?(r[:pid]) }
     summary = "#{all.size} requests, #{failures.size} failed, #{served_by_old} by old workers #{old}, " \
@@ -72,11 +70,11 @@ class HotDeployTest < Minitest::Test
     assert_empty failures.first(10), summary
 
     # TERM start_server: every process of the group is gone, nothing killed by name.
-    Process.kill(:TERM, @pid)
-    wait_for(20) { exited? }
-    wait_for(20) { !group_alive? }
+    @starter.signal(:TERM)
+    wait_for(20) { @starter.exited? }
+    wait_for(20) { !@starter.group_alive? }
     (old + new_pids).each { |pid| refute alive?(pid), "worker #{pid} is gone" }
-    @pid = nil
+    @starter = nil
   end
 
   private
@@ -119,52 +117,11 @@ class HotDeployTest < Minitest::Test
     s&.close
   end
 
-  def log = File.exist?(@log_path) ? File.read(@log_path) : ""
-  def worker_pids = log.scan(/worker \d+ \(pid (\d+)\) ready/).flatten.map(&:to_i).uniq
-
-  def exited?
-    return true if @status
-
-    pid, st = Process.waitpid2(@pid, Process::WNOHANG)
-    @status = st if pid
-    !@status.nil?
-  end
-
-  def group_alive?
-    Process.kill(0, -@pid)
-    true
-  rescue Errno::ESRCH, Errno::EPERM
-    false
-  end
-
   def alive?(pid)
     Process.kill(0, pid)
     true
   rescue Errno::ESRCH
     false
-  end
-
-  # Cleanup after a failure: TERM the group, then KILL it. By process group only.
-  def kill_group
-    [:TERM, :KILL].each do |sig|
-      break unless group_alive?
-
-      Process.kill(sig, -@pid)
-      5.times { sleep 0.2 if group_alive? }
-    end
-    exited?
-  rescue Errno::ESRCH, Errno::EPERM
-    nil
-  end
-
-  def wait_for(timeout)
-    deadline = now + timeout
-    until (v = yield)
-      raise "condition not met within #{timeout}s" if now > deadline
-
-      sleep 0.05
-    end
-    v
   end
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
