@@ -11,6 +11,7 @@ have_func("rb_enc_interned_str", "ruby.h")
 have_func("rb_thread_call_without_gvl", "ruby/thread.h")
 have_const("TCP_DEFER_ACCEPT", "netinet/tcp.h")
 have_const("EPOLLEXCLUSIVE", "sys/epoll.h")
+have_const("SCHED_BATCH", "sched.h") # Linux: workers run as batch tasks (Native.sched_batch)
 
 $CFLAGS << " -std=gnu99 -O2 -Wall -Wextra -Wno-unused-parameter -fvisibility=hidden"
 create_makefile("blackbuck/blackbuck_ext")

@@ -78,6 +78,8 @@ module Blackbuck
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
         o.on("--[no-]oob-gc-auto", "run a minor GC between requests when GC.stat says one is near", &set(:oob_gc_auto))
         o.on("--max-memory-per-child KIB", "recycle a worker whose RSS passes KIB (0 = off)", &set(:max_memory_per_child))
+        o.on("--[no-]sched-batch", "run workers under SCHED_BATCH on Linux (default on; see docs/CONFIGURATION.md)",
+             &set(:sched_batch))
         o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR", &set(:stats_listen))
         o.separator ""
         o.separator "Connections:"

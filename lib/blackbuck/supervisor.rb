@@ -110,6 +110,7 @@ module Blackbuck
 
     def run_worker(index, control)
       SIGNALS.each { |sig| trap(sig, "DEFAULT") }
+      batch_scheduling if @config[:sched_batch] # before the hook, so threads it starts inherit it
       @config[:after_fork]&.call(self, index)
       Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
                  scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit).run
@@ -117,6 +118,14 @@ module Blackbuck
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
       @logger.exception("worker #{index} crashed", e)
       exit!(1)
+    end
+
+    # sched_batch: the worker is a batch task (see Native.sched_batch). Where the kernel refuses
+    # (a seccomp profile, say) the worker says so and runs as a normal task.
+    def batch_scheduling
+      Native.sched_batch
+    rescue SystemCallError => e
+      @logger.warn("worker #{Process.pid} cannot use SCHED_BATCH (#{e.message}); running as a normal task")
     end
 
     # Each worker recycles after a number of requests drawn from [min, max], so they do not

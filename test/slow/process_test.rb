@@ -214,3 +214,27 @@ class OobGCTest < ServerTest
     assert_operator without, :<, 8, "control: 10 tiny requests alone do not cause that many GCs"
   end
 end
+
+# sched_batch: workers are SCHED_BATCH tasks (policy 3 in /proc/PID/stat, field 41); the master
+# stays a normal task; --no-sched-batch leaves workers normal (0).
+class SchedBatchTest < ServerTest
+  SCHED_OTHER = 0
+  SCHED_BATCH = 3
+
+  def policy(pid) = Integer(File.read("/proc/#{pid}/stat").split(") ").last.split[38])
+
+  def test_workers_run_as_batch_tasks_by_default_and_the_master_does_not
+    skip "no /proc here" unless File.exist?("/proc/self/stat")
+    server = start_server(["-l", "127.0.0.1:0"], workers: 2)
+    assert_equal [SCHED_BATCH, SCHED_BATCH], server.worker_pids.map { |p| policy(p) }
+    assert_equal SCHED_OTHER, policy(server.pid)
+    # and they serve as usual
+    assert_equal 200, request(server.tcp, "GET", "/").status
+  end
+
+  def test_no_sched_batch_keeps_workers_normal
+    skip "no /proc here" unless File.exist?("/proc/self/stat")
+    server = start_server(["-l", "127.0.0.1:0", "--no-sched-batch"], workers: 1)
+    assert_equal [SCHED_OTHER], server.worker_pids.map { |p| policy(p) }
+  end
+end
