@@ -18,7 +18,7 @@ module BlackbuckBench
     warmup: 1,             # seconds of keep-alive load after each boot, not recorded
     timeout: 5,            # per-request timeout of the load tool, seconds
     repeat: 3,             # measurements per cell, interleaved across servers
-    servers: Servers.names,
+    servers: Servers.default_names,
     apps: APPS,
     transports: TRANSPORTS,
     modes: MODES,

@@ -14,8 +14,9 @@ module BlackbuckBench
   class Recipe
     attr_reader :name, :summary
 
-    def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, &build)
+    def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, variant: false, &build)
       @name = name
+      @variant = variant
       @summary = summary
       @executable = executable
       @worker_re = worker_re
@@ -27,6 +28,9 @@ module BlackbuckBench
     attr_reader :worker_re, :ready_re
 
     def bundled? = @bundled
+
+    # A variant (e.g. another scheduling policy) runs only when --servers names it.
+    def variant? = @variant
 
     # nil when the server can run here, else the reason it is absent.
     def absent_reason
@@ -141,6 +145,18 @@ module BlackbuckBench
                  "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
       end,
       Recipe.new(
+        name: "blackbuck-normal-sched",
+        summary: "blackbuck as above with --no-sched-batch: workers as normal tasks, to show what sched_batch adds",
+        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
+        worker_re: /\Ablackbuck worker/,
+        ready_re: /worker \d+ .*ready/,
+        bundled: true,
+        variant: true
+      ) do |ctx|
+        { argv: ["bundle", "exec", "exe/blackbuck", "-w", ctx.workers.to_s, "--no-sched-batch", "-l", ctx.tcp,
+                 "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
+      end,
+      Recipe.new(
         name: "unicorn",
         summary: "Debian unicorn, worker_processes N, preload_app, -E none (no keep-alive by design)",
         executable: -> { which("unicorn") },
@@ -149,6 +165,17 @@ module BlackbuckBench
       ) do |ctx|
         conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
         { argv: ["unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
+      end,
+      Recipe.new(
+        name: "unicorn-batch",
+        summary: "unicorn as above, started under `chrt -b 0` (SCHED_BATCH, like blackbuck's workers): like for like",
+        executable: -> { which("unicorn") && which("chrt") },
+        worker_re: /unicorn.*worker\[\d+\]/,
+        ready_re: /worker=\d+ ready/,
+        variant: true
+      ) do |ctx|
+        conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
+        { argv: ["chrt", "-b", "0", "unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
       end,
       Recipe.new(
         name: "puma",
@@ -194,6 +221,9 @@ module BlackbuckBench
     def self.executable_path_for_nginx = first_existing("/usr/sbin/nginx") || which("nginx")
 
     def self.names = ALL.map(&:name)
+
+    # What a run measures when --servers is not given: every recipe but the variants.
+    def self.default_names = ALL.reject(&:variant?).map(&:name)
 
     def self.fetch(name) = ALL.find { |r| r.name == name } || raise(ArgumentError, "unknown server #{name}")
   end
