@@ -246,6 +246,43 @@ static void set_host(VALUE env, const char *v, size_t n)
     else rb_hash_aset(env, k_server_port, v_port80);
 }
 
+/* The env keys of the fields most requests carry, and the common methods, interned once at
+ * load: a request finds them by comparing bytes instead of building and interning a string
+ * (a lookup in Ruby's global fstring table) per field. Names compare case-insensitively,
+ * methods exactly (they are case-sensitive). */
+static struct known {
+    const char *name;
+    size_t len;
+    VALUE value;
+} known_headers[] = {
+    {"host", 4, Qnil}, {"connection", 10, Qnil}, {"user-agent", 10, Qnil}, {"accept", 6, Qnil},
+    {"accept-encoding", 15, Qnil}, {"accept-language", 15, Qnil}, {"cookie", 6, Qnil}, {"referer", 7, Qnil},
+    {"origin", 6, Qnil}, {"authorization", 13, Qnil}, {"cache-control", 13, Qnil}, {"x-forwarded-for", 15, Qnil},
+    {"x-forwarded-proto", 17, Qnil}, {"x-forwarded-host", 16, Qnil}, {"x-real-ip", 9, Qnil}, {"x-request-id", 12, Qnil},
+    {"if-none-match", 13, Qnil}, {"if-modified-since", 17, Qnil}, {"upgrade-insecure-requests", 25, Qnil},
+    {"pragma", 6, Qnil}, {"upgrade", 7, Qnil}, {"keep-alive", 10, Qnil}, {"expect", 6, Qnil}, {"range", 5, Qnil},
+}, known_methods[] = {
+    {"GET", 3, Qnil}, {"POST", 4, Qnil}, {"HEAD", 4, Qnil}, {"PUT", 3, Qnil},
+    {"DELETE", 6, Qnil}, {"PATCH", 5, Qnil}, {"OPTIONS", 7, Qnil},
+};
+#define KNOWN_N(a) (sizeof(a) / sizeof((a)[0]))
+
+static VALUE known_header_key(const char *name, size_t n)
+{
+    size_t i;
+    for (i = 0; i < KNOWN_N(known_headers); i++)
+        if (known_headers[i].len == n && ieq(name, n, known_headers[i].name)) return known_headers[i].value;
+    return Qundef;
+}
+
+static VALUE method_value(const char *m, size_t n)
+{
+    size_t i;
+    for (i = 0; i < KNOWN_N(known_methods); i++)
+        if (known_methods[i].len == n && memcmp(m, known_methods[i].name, n) == 0) return known_methods[i].value;
+    return bb_fstring(m, (long)n);
+}
+
 static void add_header(VALUE env, const struct bb_header *h)
 {
     char key[5 + 256];
@@ -258,6 +295,8 @@ static void add_header(VALUE env, const struct bb_header *h)
         k = k_content_length;
     } else if (ieq(name, nl, "content-type")) {
         k = k_content_type;
+    } else if ((k = known_header_key(name, nl)) != Qundef) {
+        /* interned at load */
     } else {
         if (nl > 256 || memchr(name, '_', nl)) return; /* X_Forwarded_For must not shadow X-Forwarded-For */
         memcpy(key, "HTTP_", 5);
@@ -308,7 +347,7 @@ static VALUE conn_parse(VALUE self)
     c->last_len = 0;
 
     env = rb_hash_dup(c->template);
-    rb_hash_aset(env, k_request_method, bb_fstring(req.method, (long)req.method_len));
+    rb_hash_aset(env, k_request_method, method_value(req.method, req.method_len));
     rb_hash_aset(env, k_request_uri, rb_str_new(req.target, (long)req.target_len));
     rb_hash_aset(env, k_path_info, rb_str_new(req.path, (long)req.path_len));
     rb_hash_aset(env, k_query_string, req.query ? rb_str_new(req.query, (long)req.query_len) : v_empty);
@@ -991,4 +1030,18 @@ void bb_init_conn(void)
     v_http11 = reg(bb_fstring("HTTP/1.1", 8));
     v_port80 = reg(bb_fstring("80", 2));
     v_empty = reg(bb_fstring("", 0)); /* QUERY_STRING when there is none: shared and frozen */
+    {
+        size_t i, j;
+        char key[5 + 32];
+        for (i = 0; i < KNOWN_N(known_headers); i++) {
+            memcpy(key, "HTTP_", 5);
+            for (j = 0; j < known_headers[i].len; j++) {
+                char ch = known_headers[i].name[j];
+                key[5 + j] = ch == '-' ? '_' : (char)(ch >= 'a' && ch <= 'z' ? ch - 32 : ch);
+            }
+            known_headers[i].value = reg(bb_fstring(key, (long)(5 + known_headers[i].len)));
+        }
+        for (i = 0; i < KNOWN_N(known_methods); i++)
+            known_methods[i].value = reg(bb_fstring(known_methods[i].name, (long)known_methods[i].len));
+    }
 }

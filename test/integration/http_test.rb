@@ -198,6 +198,27 @@ class HTTPTest < ServerTest
     io&.close
   end
 
+  # Common field names and methods come from a table interned at load; any spelling of a name
+  # maps to the same key, and names that are not in the table still work.
+  def test_header_names_in_any_case_and_methods_map_to_their_env_keys
+    io = @server.tcp
+    io.write("PATCH /env HTTP/1.1\r\nhOsT: x\r\nUSER-AGENT: ua\r\naccept: a\r\nAccept: b\r\n" \
+             "x-forwarded-PROTO: https\r\nX-Forwarded-Fo: near\r\nX-Forwarded-Forx: far\r\n\r\n")
+    env = JSON.parse(read_response(io).body)
+    assert_equal "PATCH", env["REQUEST_METHOD"]
+    assert_equal "x", env["HTTP_HOST"]
+    assert_equal "ua", env["HTTP_USER_AGENT"]
+    assert_equal "a, b", env["HTTP_ACCEPT"]
+    assert_equal "https", env["HTTP_X_FORWARDED_PROTO"]
+    assert_equal "near", env["HTTP_X_FORWARDED_FO"]
+    assert_equal "far", env["HTTP_X_FORWARDED_FORX"]
+    refute env.key?("HTTP_X_FORWARDED_FOR")
+    io.write("BREW /env HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_equal "BREW", JSON.parse(read_response(io).body)["REQUEST_METHOD"]
+  ensure
+    io&.close
+  end
+
   def test_repeated_headers_are_joined_and_underscored_names_dropped
     io = @server.tcp
     io.write("GET /env HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nX-A: 2\r\nCookie: a=1\r\nCookie: b=2\r\n" \
