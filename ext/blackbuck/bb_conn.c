@@ -9,29 +9,43 @@
  *   parse         -> env Hash | nil incomplete | Integer HTTP status (bad request)
  *   body_take     -> String of body bytes now available | Integer status (bad body)
  *   write_response(status, headers, body_array_or_nil)
- *                 -> WRITE_DONE | WRITE_PENDING (rest buffered, wait for OUT)
- *                    | STREAM_CHUNKED / STREAM_RAW (head sent, caller writes the body)
+ *                 -> WRITE_DONE | WRITE_PENDING (rest queued, wait for OUT)
+ *                    | STREAM_CHUNKED / STREAM_RAW (head sent or queued, caller writes the body)
  *                    | WRITE_FAILED
- *   write_part / finish_body (streaming, waits up to write_timeout_ms), flush,
- *   write_error(status), write_continue, close
+ *   write_part / finish_body (streaming), write_continue, write_hints, flush,
+ *   write_error(status), close, detach
+ *
+ * Output the client does not take at once is queued, in order: in memory up to response_buffer
+ * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
+ * memory first, then the file. Only output that fits in neither (past the cap, or the file could
+ * not be written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
  */
 #include "bb_ext.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#ifdef HAVE_SYS_SENDFILE_H
+#include <sys/sendfile.h>
+#endif
 
 #ifndef IOV_MAX
 #define IOV_MAX 1024
 #endif
-/* iovecs kept on the stack for a response; larger Array bodies use the heap. */
+/* iovecs kept on the stack for a response; larger Array bodies use a Ruby-owned buffer. */
 #define BB_IOV_STACK 64
-/* A streamed body the client is slow to take is queued up to this many bytes per connection
- * (the worker goes on; the event loop flushes it); past it the stream waits for the client. */
-#define BB_STREAM_BUFFER_MAX (1024 * 1024)
+/* A connection's memory queue starts at this many bytes and doubles up to response_buffer. */
+#define BB_OUT_INITIAL (16 * 1024)
+/* Bytes one flush sends from a spill file at most, so a fast reader of a large spilled response
+ * does not keep the worker from its other connections (the event loop comes back to it). */
+#define BB_SPILL_FLUSH_MAX (4 * 1024 * 1024)
+/* Bytes copied per pread/write where sendfile(2) is not available. */
+#define BB_SPILL_COPY_CHUNK (64 * 1024)
 /* An error answer waits at most this long for a client that is not reading (it is then closed anyway). */
 #define BB_ERROR_WRITE_WAIT_MS 100
 
@@ -53,13 +67,17 @@ struct conn {
     int body_mode;
     int body_done;
     int lingering; /* an error was answered: half-close and drain before close */
-    int polled;    /* registered with the worker's poller */
+    int watched;   /* the event mask it is registered with in the worker's poller; 0 = not registered */
     int64_t content_length;
     int64_t body_left;
     struct bb_chunked_decoder dec;
-    /* response bytes the client has not taken yet: out[out_off, out_len) */
+    /* response bytes the client has not taken yet, in this order: out[out_off, out_len) in
+     * memory, then [spill_off, spill_len) of the spill file (spill_fd; -1 when not spilling) */
     char *out;
     size_t out_cap, out_off, out_len;
+    int spill_fd;
+    int spill_failed; /* the spill file could not be made or written: wait instead, until the next request */
+    int64_t spill_off, spill_len;
     /* Ruby-side state */
     long requests;
     int state;
@@ -109,10 +127,27 @@ static void conn_mark(void *p)
     rb_gc_mark(c->sink);
 }
 
+static void spill_close(struct conn *c)
+{
+    if (c->spill_fd >= 0) close(c->spill_fd);
+    c->spill_fd = -1;
+    c->spill_off = c->spill_len = 0;
+}
+
+/* Forgets all queued output (the connection is closing or handed over). */
+static void out_discard(struct conn *c)
+{
+    spill_close(c);
+    free(c->out);
+    c->out = NULL;
+    c->out_cap = c->out_off = c->out_len = 0;
+}
+
 static void conn_free(void *p)
 {
     struct conn *c = p;
     if (c->fd >= 0) close(c->fd);
+    spill_close(c);
     buf_put(c->buf, c->cap);
     free(c->out);
     xfree(c);
@@ -135,6 +170,7 @@ static VALUE conn_alloc(VALUE klass)
     struct conn *c;
     VALUE obj = TypedData_Make_Struct(klass, struct conn, &conn_type, c);
     c->fd = -1;
+    c->spill_fd = -1;
     c->remote_addr = c->template = c->env = c->sink = Qnil;
     return obj;
 }
@@ -441,62 +477,240 @@ static void hcat(const char *p, size_t n)
     head.len += n;
 }
 
-/* Saves what writev did not send, so the worker can go on and flush later. */
-static void save_rest(struct conn *c, struct iovec *iov, int cnt)
+/* Consumes w bytes from iov[*i, cnt), then skips empty entries. */
+static void iov_skip(struct iovec *iov, int *i, int cnt, size_t w)
 {
-    size_t total = 0, pos;
-    int i;
-    for (i = 0; i < cnt; i++) total += iov[i].iov_len;
-    if (c->out_off == c->out_len) c->out_off = c->out_len = 0;
-    if (c->out_len + total > c->out_cap) {
-        size_t ncap = c->out_len + total;
-        char *nb = realloc(c->out, ncap);
+    while (*i < cnt && w >= iov[*i].iov_len) {
+        w -= iov[*i].iov_len;
+        (*i)++;
+    }
+    if (*i < cnt && w > 0) {
+        iov[*i].iov_base = (char *)iov[*i].iov_base + w;
+        iov[*i].iov_len -= w;
+    }
+    while (*i < cnt && iov[*i].iov_len == 0) (*i)++;
+}
+
+static int queued(const struct conn *c) { return c->out_off < c->out_len || c->spill_fd >= 0; }
+
+/* Appends up to n bytes to the memory queue, which holds at most response_buffer bytes and takes
+ * nothing while a spill file is open (its bytes come first). Returns the bytes taken. */
+static size_t out_append(struct conn *c, const char *p, size_t n)
+{
+    size_t limit = bb_settings.response_buffer, pending = c->out_len - c->out_off;
+    if (c->spill_fd >= 0 || pending >= limit) return 0;
+    if (n > limit - pending) n = limit - pending;
+    if (n == 0) return 0;
+    if (c->out_len + n > c->out_cap && c->out_off > 0) { /* compact before growing */
+        memmove(c->out, c->out + c->out_off, pending);
+        c->out_off = 0;
+        c->out_len = pending;
+    }
+    if (c->out_len + n > c->out_cap) {
+        size_t ncap = c->out_cap ? c->out_cap : BB_OUT_INITIAL;
+        char *nb;
+        while (ncap < c->out_len + n) ncap *= 2;
+        if (ncap > limit) ncap = limit; /* >= out_len + n, since out_off is 0 here */
+        nb = realloc(c->out, ncap);
         if (!nb) rb_raise(rb_eNoMemError, "response buffer");
         c->out = nb;
         c->out_cap = ncap;
     }
-    pos = c->out_len;
-    for (i = 0; i < cnt; i++) {
-        memcpy(c->out + pos, iov[i].iov_base, iov[i].iov_len);
-        pos += iov[i].iov_len;
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+    return n;
+}
+
+/* An anonymous file in $TMPDIR (or /tmp), nothing left on disk: O_TMPFILE where the kernel and
+ * the filesystem have it, else mkstemp + unlink. Returns the fd, or -1 with errno. */
+static int spill_open(const char *dir)
+{
+    char path[PATH_MAX];
+    int fd;
+#ifdef O_TMPFILE
+    fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+#endif
+    if (snprintf(path, sizeof(path), "%s/blackbuck-spill-XXXXXX", dir) >= (int)sizeof(path)) {
+        errno = ENAMETOOLONG;
+        return -1;
     }
-    c->out_len = pos;
+    fd = mkstemp(path);
+    if (fd < 0) return -1;
+    unlink(path);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    return fd;
+}
+
+static const char *spill_dir(void)
+{
+    const char *dir = getenv("TMPDIR");
+    return dir && *dir ? dir : "/tmp";
+}
+
+/* The spill file could not be made or written: from now on until the next request this
+ * connection's output waits for the client instead. One warning line says why. */
+static void spill_fail(struct conn *c, const char *op, int err)
+{
+    c->spill_failed = 1;
+    if (c->spill_fd >= 0 && c->spill_off == c->spill_len) spill_close(c); /* nothing in it */
+    bb_warn(rb_sprintf("cannot spill a response to %s (%s: %s): the worker waits for this client instead "
+                       "(at most write_timeout)",
+                       spill_dir(), op, strerror(err)));
+}
+
+/* Queues iov[*i, cnt) behind what is queued: in memory while no spill file is open and
+ * response_buffer allows, then appended to the spill file while max_response_spill allows.
+ * Advances *i (and the iov) past what it took; what is left fits nowhere. */
+static void queue_iov(struct conn *c, struct iovec *iov, int *i, int cnt)
+{
+    while (*i < cnt && c->spill_fd < 0) {
+        size_t n = iov[*i].iov_len, took = out_append(c, iov[*i].iov_base, n);
+        iov_skip(iov, i, cnt, took);
+        if (took < n) break;
+    }
+    while (*i < cnt && !c->spill_failed && c->spill_len < bb_settings.max_response_spill) {
+        /* at most IOV_MAX entries and the room left under the cap (the last entry cut to fit) */
+        size_t room = (size_t)(bb_settings.max_response_spill - c->spill_len), sum = 0, cut_len = 0;
+        int k, batch = cnt - *i > IOV_MAX ? IOV_MAX : cnt - *i, cut = -1;
+        ssize_t w;
+        if (c->spill_fd < 0 && (c->spill_fd = spill_open(spill_dir())) < 0) {
+            c->spill_fd = -1;
+            spill_fail(c, "open", errno);
+            break;
+        }
+        for (k = 0; k < batch; k++) {
+            if (iov[*i + k].iov_len > room - sum) {
+                cut = *i + k;
+                cut_len = iov[cut].iov_len;
+                iov[cut].iov_len = room - sum;
+                k++;
+                break;
+            }
+            sum += iov[*i + k].iov_len;
+        }
+        w = writev(c->spill_fd, iov + *i, k);
+        if (cut >= 0) iov[cut].iov_len = cut_len;
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR) continue;
+            spill_fail(c, "write", w < 0 ? errno : EIO);
+            break;
+        }
+        c->spill_len += w;
+        iov_skip(iov, i, cnt, (size_t)w);
+    }
+}
+
+/* Sends up to n bytes of the spill file from spill_off: bytes sent, or -1 with errno. */
+static ssize_t spill_send(struct conn *c, size_t n)
+{
+    char buf[BB_SPILL_COPY_CHUNK];
+    ssize_t r;
+#ifdef HAVE_SYS_SENDFILE_H
+    static int no_sendfile; /* the filesystem of $TMPDIR cannot sendfile: copy instead */
+    if (!no_sendfile) {
+        off_t off = (off_t)c->spill_off;
+        ssize_t w = sendfile(c->fd, c->spill_fd, &off, n);
+        if (w >= 0 || (errno != EINVAL && errno != ENOSYS)) return w;
+        no_sendfile = 1;
+    }
+#endif
+    if (n > sizeof(buf)) n = sizeof(buf);
+    do r = pread(c->spill_fd, buf, n, (off_t)c->spill_off);
+    while (r < 0 && errno == EINTR);
+    if (r <= 0) {
+        if (r == 0) errno = EIO; /* the file is shorter than what was written to it */
+        return -1;
+    }
+    return write(c->fd, buf, (size_t)r);
+}
+
+/* Sends queued output without waiting, memory first, then the spill file (closed once sent):
+ * WRITE_DONE, WRITE_PENDING or WRITE_FAILED. */
+static int flush_nb(struct conn *c)
+{
+    size_t budget = BB_SPILL_FLUSH_MAX;
+    while (c->out_off < c->out_len) {
+        ssize_t w = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return WRITE_PENDING;
+            return WRITE_FAILED;
+        }
+        c->out_off += (size_t)w;
+    }
+    c->out_off = c->out_len = 0;
+    while (c->spill_off < c->spill_len) {
+        size_t n = (size_t)(c->spill_len - c->spill_off);
+        ssize_t w;
+        if (budget == 0) return WRITE_PENDING;
+        w = spill_send(c, n < budget ? n : budget);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return WRITE_PENDING;
+            return WRITE_FAILED;
+        }
+        if (w == 0) return WRITE_FAILED;
+        c->spill_off += w;
+        budget -= (size_t)w;
+    }
+    spill_close(c);
+    return WRITE_DONE;
 }
 
 /*
- * Writes iov[0, cnt) in IOV_MAX batches, resuming exactly where a partial writev stopped.
- * wait_ms < 0: never wait; the rest is saved in c->out (WRITE_PENDING).
- * wait_ms >= 0: wait for the client up to wait_ms each time it is not reading.
+ * Sends iov[0, cnt) behind whatever is queued, never reordering. What the socket does not take
+ * is queued (queue_iov); only what fits nowhere makes it wait for the client, up to
+ * write_timeout_ms each time the client takes nothing.
+ * Returns WRITE_DONE (all sent), WRITE_PENDING (some queued for flush) or WRITE_FAILED.
  */
-static int write_iov(struct conn *c, struct iovec *iov, int cnt, int wait_ms)
+static int out_write(struct conn *c, struct iovec *iov, int cnt)
 {
     int i = 0;
-    while (i < cnt && iov[i].iov_len == 0) i++;
+    iov_skip(iov, &i, cnt, 0);
     while (i < cnt) {
-        int batch = cnt - i > IOV_MAX ? IOV_MAX : cnt - i;
-        ssize_t w = writev(c->fd, iov + i, batch);
-        if (w < 0) {
+        if (queued(c) && flush_nb(c) == WRITE_FAILED) return WRITE_FAILED;
+        if (!queued(c)) {
+            ssize_t w = writev(c->fd, iov + i, cnt - i > IOV_MAX ? IOV_MAX : cnt - i);
+            if (w >= 0) {
+                iov_skip(iov, &i, cnt, (size_t)w);
+                continue;
+            }
             if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                if (wait_ms < 0) {
-                    save_rest(c, iov + i, cnt - i);
-                    return WRITE_PENDING;
-                }
-                if (bb_wait_writable(c->fd, wait_ms) == 1) continue;
-            }
-            return WRITE_FAILED;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) return WRITE_FAILED;
         }
-        while (w > 0 && i < cnt) {
-            if ((size_t)w >= iov[i].iov_len) {
-                w -= (ssize_t)iov[i].iov_len;
-                i++;
-            } else {
-                iov[i].iov_base = (char *)iov[i].iov_base + w;
-                iov[i].iov_len -= (size_t)w;
-                w = 0;
-            }
+        queue_iov(c, iov, &i, cnt);
+        if (i < cnt && bb_wait_writable(c->fd, bb_settings.write_timeout_ms) != 1) return WRITE_FAILED;
+    }
+    return queued(c) ? WRITE_PENDING : WRITE_DONE;
+}
+
+/* Sends everything queued, waiting up to wait_ms each time the client takes nothing:
+ * WRITE_DONE or WRITE_FAILED. */
+static int out_drain(struct conn *c, int wait_ms)
+{
+    for (;;) {
+        int r = flush_nb(c);
+        if (r != WRITE_PENDING) return r;
+        if (bb_wait_writable(c->fd, wait_ms) != 1) return WRITE_FAILED;
+    }
+}
+
+/* Writes iov[0, cnt) after what is queued, waiting up to wait_ms each time the client takes
+ * nothing; nothing is left queued. For an error answer, right before the connection closes. */
+static int write_wait(struct conn *c, struct iovec *iov, int cnt, int wait_ms)
+{
+    int i = 0;
+    if (out_drain(c, wait_ms) != WRITE_DONE) return WRITE_FAILED;
+    iov_skip(iov, &i, cnt, 0);
+    while (i < cnt) {
+        ssize_t w = writev(c->fd, iov + i, cnt - i > IOV_MAX ? IOV_MAX : cnt - i);
+        if (w >= 0) {
+            iov_skip(iov, &i, cnt, (size_t)w);
+            continue;
         }
-        while (i < cnt && iov[i].iov_len == 0) i++;
+        if (errno == EINTR) continue;
+        if ((errno != EAGAIN && errno != EWOULDBLOCK) || bb_wait_writable(c->fd, wait_ms) != 1) return WRITE_FAILED;
     }
     return WRITE_DONE;
 }
@@ -595,6 +809,7 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
     struct conn *c = get_conn(self);
     struct head_state st;
     struct iovec stack_iov[BB_IOV_STACK], *iov = stack_iov;
+    VALUE iov_buf = 0;
     int status = NUM2INT(vstatus), no_body, mode, ret;
     long nparts = 0, i;
     size_t len;
@@ -664,10 +879,11 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
         struct iovec one;
         one.iov_base = head.buf;
         one.iov_len = head.len;
-        if (write_iov(c, &one, 1, bb_settings.write_timeout_ms) != WRITE_DONE) return INT2FIX(WRITE_FAILED);
+        if (out_write(c, &one, 1) == WRITE_FAILED) return INT2FIX(WRITE_FAILED);
         return INT2FIX(no_body && !st.raw ? WRITE_DONE : mode);
     }
-    if (nparts + 1 > BB_IOV_STACK) iov = ALLOC_N(struct iovec, nparts + 1);
+    /* a Ruby-owned buffer, freed by the GC should a wait below raise (RequestTimeout) */
+    if (nparts + 1 > BB_IOV_STACK) iov = ALLOCV_N(struct iovec, iov_buf, nparts + 1);
     iov[0].iov_base = head.buf;
     iov[0].iov_len = head.len;
     for (i = 0; i < nparts; i++) {
@@ -675,44 +891,10 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
         iov[i + 1].iov_base = RSTRING_PTR(s);
         iov[i + 1].iov_len = (size_t)RSTRING_LEN(s);
     }
-    ret = write_iov(c, iov, (int)nparts + 1, -1);
-    if (iov != stack_iov) xfree(iov);
+    ret = out_write(c, iov, (int)nparts + 1);
+    if (iov_buf) ALLOCV_END(iov_buf);
     RB_GC_GUARD(body);
     return INT2FIX(ret);
-}
-
-/* Sends queued output without waiting: WRITE_DONE, WRITE_PENDING or WRITE_FAILED. */
-static int flush_nb(struct conn *c)
-{
-    while (c->out_off < c->out_len) {
-        ssize_t w = write(c->fd, c->out + c->out_off, c->out_len - c->out_off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) return WRITE_PENDING;
-            return WRITE_FAILED;
-        }
-        c->out_off += (size_t)w;
-    }
-    c->out_off = c->out_len = 0;
-    return WRITE_DONE;
-}
-
-/*
- * Streams iov: what the socket does not take is queued; only while more than
- * BB_STREAM_BUFFER_MAX bytes are queued does it wait (up to write_timeout_ms) for the client.
- */
-static int stream_iov(struct conn *c, struct iovec *iov, int cnt)
-{
-    int r = WRITE_DONE;
-    if (c->out_off < c->out_len) r = flush_nb(c); /* earlier bytes first: keep the order */
-    if (r == WRITE_FAILED) return r;
-    if (r == WRITE_PENDING) save_rest(c, iov, cnt);
-    else if ((r = write_iov(c, iov, cnt, -1)) == WRITE_FAILED) return r;
-    while (c->out_len - c->out_off > BB_STREAM_BUFFER_MAX) {
-        if (bb_wait_writable(c->fd, bb_settings.write_timeout_ms) != 1) return WRITE_FAILED;
-        if (flush_nb(c) == WRITE_FAILED) return WRITE_FAILED;
-    }
-    return WRITE_DONE;
 }
 
 static int hint_i(VALUE key, VALUE val, VALUE arg)
@@ -755,7 +937,7 @@ static VALUE conn_write_hints(VALUE self, VALUE headers)
     if (c->fd < 0) return Qfalse;
     iov.iov_base = head.buf;
     iov.iov_len = head.len;
-    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+    return out_write(c, &iov, 1) != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
 /* write_part(str, chunked) -> true | false (client gone, or not reading for write_timeout) */
@@ -778,9 +960,9 @@ static VALUE conn_write_part(VALUE self, VALUE str, VALUE chunked)
         iov[cnt].iov_base = (char *)"\r\n";
         iov[cnt++].iov_len = 2;
     }
-    r = stream_iov(c, iov, cnt);
+    r = out_write(c, iov, cnt);
     RB_GC_GUARD(str);
-    return r == WRITE_DONE ? Qtrue : Qfalse;
+    return r != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
 /* finish_body(chunked) -> true | false; queued bytes are left for the event loop to flush. */
@@ -792,7 +974,7 @@ static VALUE conn_finish_body(VALUE self, VALUE chunked)
     if (c->fd < 0) return Qfalse;
     iov.iov_base = (char *)"0\r\n\r\n";
     iov.iov_len = 5;
-    return stream_iov(c, &iov, 1) == WRITE_DONE ? Qtrue : Qfalse;
+    return out_write(c, &iov, 1) != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
 /* flush -> WRITE_DONE | WRITE_PENDING | WRITE_FAILED: sends what the client had not taken. */
@@ -844,7 +1026,7 @@ static VALUE conn_write_error(VALUE self, VALUE vstatus)
         }
         iov[3].iov_base = tail;
         iov[3].iov_len = tl;
-        return write_iov(c, iov, 4, BB_ERROR_WRITE_WAIT_MS) == WRITE_DONE ? Qtrue : Qfalse;
+        return write_wait(c, iov, 4, BB_ERROR_WRITE_WAIT_MS) == WRITE_DONE ? Qtrue : Qfalse;
     }
 }
 
@@ -857,7 +1039,7 @@ static VALUE conn_write_continue(VALUE self)
     iov.iov_len = 25;
     c->expect_continue = 0;
     if (c->fd < 0) return Qfalse;
-    return write_iov(c, &iov, 1, bb_settings.write_timeout_ms) == WRITE_DONE ? Qtrue : Qfalse;
+    return out_write(c, &iov, 1) != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
 /* close: after an error answer, half-close and drain what the client already sent so the
@@ -875,17 +1057,23 @@ static VALUE conn_close(VALUE self)
     }
     close(c->fd);
     c->fd = -1;
+    out_discard(c);
     buf_put(c->buf, c->cap);
     c->buf = NULL;
     c->cap = c->off = c->len = 0;
     return Qnil;
 }
 
-/* detach -> fd: hands the socket over (rack.hijack); the Conn no longer closes it. */
+/* detach -> fd: hands the socket over (rack.hijack); the Conn no longer closes it. Output still
+ * queued (a 103, the head of a partial hijack) goes first, since the app writes to the socket
+ * itself: this waits for the client, at most write_timeout while it takes nothing, and shuts the
+ * socket down if it does not, so the app's bytes cannot follow a truncated head. */
 static VALUE conn_detach(VALUE self)
 {
     struct conn *c = get_conn(self);
     int fd = c->fd;
+    if (fd >= 0 && queued(c) && out_drain(c, bb_settings.write_timeout_ms) != WRITE_DONE) shutdown(fd, SHUT_RDWR);
+    out_discard(c);
     c->fd = -1;
     return INT2NUM(fd);
 }
@@ -901,6 +1089,7 @@ static VALUE conn_next(VALUE self)
     c->body_done = 1;
     c->expect_continue = 0;
     c->head_only = 0;
+    c->spill_failed = 0;
     return self;
 }
 
@@ -919,7 +1108,7 @@ ATTR_BOOL(body_done, body_done)
 ATTR_BOOL(expect_continue, expect_continue)
 ATTR_BOOL(chunked, body_mode == BODY_CHUNKED)
 ATTR_BOOL(keepalive, keepalive)
-ATTR_BOOL(pending_output, out_off < get_conn(self)->out_len)
+static VALUE conn_get_pending_output(VALUE self) { return queued(get_conn(self)) ? Qtrue : Qfalse; }
 ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
 ATTR_VALUE(env)
@@ -942,10 +1131,11 @@ static VALUE conn_set_deadline(VALUE self, VALUE v)
     get_conn(self)->deadline = NUM2DBL(v);
     return v;
 }
-static VALUE conn_get_polled(VALUE self) { return get_conn(self)->polled ? Qtrue : Qfalse; }
-static VALUE conn_set_polled(VALUE self, VALUE v)
+static VALUE conn_get_polled(VALUE self) { return get_conn(self)->watched ? Qtrue : Qfalse; }
+static VALUE conn_get_watched(VALUE self) { return INT2FIX(get_conn(self)->watched); }
+static VALUE conn_set_watched(VALUE self, VALUE v)
 {
-    get_conn(self)->polled = RTEST(v);
+    get_conn(self)->watched = NUM2INT(v);
     return v;
 }
 static VALUE conn_get_body_started(VALUE self) { return DBL2NUM(get_conn(self)->body_started); }
@@ -976,7 +1166,8 @@ void bb_init_conn(void)
     rb_define_method(cConn, "body_take", conn_body_take, 0);
     rb_define_method(cConn, "write_response", conn_write_response, 4);
     rb_define_method(cConn, "polled?", conn_get_polled, 0);
-    rb_define_method(cConn, "polled=", conn_set_polled, 1);
+    rb_define_method(cConn, "watched", conn_get_watched, 0);
+    rb_define_method(cConn, "watched=", conn_set_watched, 1);
     rb_define_method(cConn, "write_part", conn_write_part, 2);
     rb_define_method(cConn, "finish_body", conn_finish_body, 1);
     rb_define_method(cConn, "flush", conn_flush, 0);

@@ -19,6 +19,7 @@
 
 VALUE bb_mBlackbuck, bb_mNative;
 struct bb_settings bb_settings;
+static VALUE logger = Qnil;
 
 static char *status_lines[600];
 static size_t status_line_lens[600];
@@ -190,7 +191,7 @@ static VALUE native_defer_accept(VALUE self, VALUE fd, VALUE secs)
  * its CPU, so a worker woken by a new connection lets the load balancer, nginx or a load generator
  * on that CPU finish its turn and then finds several connections queued instead of one: fewer
  * context switches per request. Fairness and priority (nice) are unchanged. nil where the system
- * has no SCHED_BATCH; false with errno kept when the kernel refuses.
+ * has no SCHED_BATCH; SystemCallError when the kernel refuses (the caller logs it and goes on).
  */
 static VALUE native_sched_batch(VALUE self)
 {
@@ -199,26 +200,44 @@ static VALUE native_sched_batch(VALUE self)
     memset(&sp, 0, sizeof(sp));
     if (sched_setscheduler(0, SCHED_BATCH, &sp) == 0) return Qtrue;
     rb_sys_fail("sched_setscheduler(SCHED_BATCH)");
-    return Qfalse;
 #else
     return Qnil;
 #endif
 }
 
 /*
- * Native.configure(max_request_line:, max_uri:, max_headers:, max_header_bytes:, write_timeout_ms:)
- * positional for speed of implementation: (line, uri, headers, header_bytes, write_timeout_ms)
+ * Native.configure(max_request_line, max_uri, max_headers, max_header_bytes, write_timeout_ms,
+ *                  response_buffer, max_response_spill) -- positional, called once at boot
  */
-static VALUE native_configure(VALUE self, VALUE line, VALUE uri, VALUE headers, VALUE hbytes, VALUE wt)
+static VALUE native_configure(int argc, VALUE *argv, VALUE self)
 {
-    long h = NUM2LONG(headers);
+    long h;
+    long long spill;
+    rb_check_arity(argc, 7, 7);
+    h = NUM2LONG(argv[2]);
     if (h < 1 || h > BB_HEADERS_CAP) rb_raise(rb_eArgError, "max_headers must be 1..%d", BB_HEADERS_CAP);
-    bb_settings.limits.max_request_line = NUM2SIZET(line);
-    bb_settings.limits.max_uri = NUM2SIZET(uri);
+    spill = NUM2LL(argv[6]);
+    if (spill < 0) rb_raise(rb_eArgError, "max_response_spill must be >= 0");
+    bb_settings.limits.max_request_line = NUM2SIZET(argv[0]);
+    bb_settings.limits.max_uri = NUM2SIZET(argv[1]);
     bb_settings.limits.max_headers = (size_t)h;
-    bb_settings.limits.max_header_bytes = NUM2SIZET(hbytes);
-    bb_settings.write_timeout_ms = NUM2INT(wt);
+    bb_settings.limits.max_header_bytes = NUM2SIZET(argv[3]);
+    bb_settings.write_timeout_ms = NUM2INT(argv[4]);
+    bb_settings.response_buffer = NUM2SIZET(argv[5]);
+    bb_settings.max_response_spill = (int64_t)spill;
     return Qnil;
+}
+
+/* Native.logger = logger: the object (#warn(String)) the C side reports trouble to. */
+static VALUE native_set_logger(VALUE self, VALUE l)
+{
+    logger = l;
+    return l;
+}
+
+void bb_warn(VALUE msg)
+{
+    if (!NIL_P(logger)) rb_funcall(logger, rb_intern("warn"), 1, msg);
 }
 
 static VALUE native_http_impl(VALUE self)
@@ -233,11 +252,15 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
 
     bb_limits_default(&bb_settings.limits);
     bb_settings.write_timeout_ms = 30000;
+    bb_settings.response_buffer = BB_DEFAULT_RESPONSE_BUFFER;
+    bb_settings.max_response_spill = BB_DEFAULT_MAX_RESPONSE_SPILL;
+    rb_gc_register_address(&logger);
 
     rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);
     rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);
     rb_define_module_function(bb_mNative, "sched_batch", native_sched_batch, 0);
-    rb_define_module_function(bb_mNative, "configure", native_configure, 5);
+    rb_define_module_function(bb_mNative, "configure", native_configure, -1);
+    rb_define_module_function(bb_mNative, "logger=", native_set_logger, 1);
     rb_define_module_function(bb_mNative, "http_impl", native_http_impl, 0);
 
     bb_init_conn();

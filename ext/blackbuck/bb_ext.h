@@ -16,6 +16,9 @@
 #define BB_BUF_INITIAL (8 * 1024)
 /* Bytes asked of read() at most in one call. */
 #define BB_READ_CHUNK (64 * 1024)
+/* Defaults of the response_buffer and max_response_spill settings (Config has the same). */
+#define BB_DEFAULT_RESPONSE_BUFFER (1024 * 1024)                 /* bytes queued in memory per connection */
+#define BB_DEFAULT_MAX_RESPONSE_SPILL (1024LL * 1024 * 1024)    /* bytes of spill file per connection */
 
 extern VALUE bb_mBlackbuck, bb_mNative;
 
@@ -23,6 +26,8 @@ extern VALUE bb_mBlackbuck, bb_mNative;
 struct bb_settings {
     struct bb_limits limits;
     int write_timeout_ms; /* a blocking write waits at most this long for the client to read */
+    size_t response_buffer;     /* bytes of output a connection may queue in memory; past it, spill */
+    int64_t max_response_spill; /* bytes a connection's spill file may hold; past it, wait; 0 = never spill */
 };
 extern struct bb_settings bb_settings;
 
@@ -35,6 +40,9 @@ VALUE bb_fstring(const char *ptr, long len);
 
 /* accept4 with peer address; -1 when nothing is pending (see bb_ext.c). */
 int bb_accept(int lfd, int tcp, VALUE *addr);
+
+/* Logs one warning line through the server's logger (Native.logger=); nothing when none is set. */
+void bb_warn(VALUE msg);
 
 /* Waits until fd is writable or timeout_ms passes, without holding the GVL. 1 ready, 0 timeout, -1 error. */
 int bb_wait_writable(int fd, int timeout_ms);

@@ -92,6 +92,10 @@ module Blackbuck
         o.on("--min-body-rate BYTES", "bytes/s a body must average after 10 s, else 408 (default 1024; 0 = off)",
              &set(:min_body_rate))
         o.on("--write-timeout SEC", "time a client may stop reading a response (default 30)", &set(:write_timeout))
+        o.on("--response-buffer BYTES", "response bytes a client has not taken kept in memory (default 1048576)",
+             &set(:response_buffer))
+        o.on("--max-response-spill BYTES", "more of them in a file in $TMPDIR, then wait for the client " \
+                                           "(default 1073741824; 0 = never spill)", &set(:max_response_spill))
         o.separator ""
         o.separator "Limits:"
         o.on("--max-request-line BYTES", "request line, else 414 (default 8192)", &set(:max_request_line))

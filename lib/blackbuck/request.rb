@@ -74,7 +74,10 @@ module Blackbuck
       length = conn.content_length
       return reject(conn, 413) if @max_body.positive? && length > @max_body
 
-      conn.write_continue if conn.expect_continue?
+      if conn.expect_continue?
+        conn.write_continue
+        @worker.flush_later(conn) if conn.pending_output?
+      end
       conn.sink = if length >= 0 && length <= @body_buffer
                     StringIO.new(String.new(capacity: length, encoding: Encoding::BINARY))
                   elsif length > @body_buffer

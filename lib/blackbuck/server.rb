@@ -12,6 +12,7 @@ module Blackbuck
 
     def run(config, app, logger: Logger.new($stderr, path: config[:log]), env: ENV)
       configure_native(config)
+      Native.logger = logger # the C side warns through it (a response that cannot be spilled)
       raise_open_files_limit(logger)
       listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP)
       listeners = Listeners.inherited(env) if listeners.empty?
@@ -47,7 +48,8 @@ module Blackbuck
     def configure_native(config)
       Rack::Utils::HTTP_STATUS_CODES.each { |code, phrase| Native.set_reason(code, phrase) }
       Native.configure(config[:max_request_line], config[:max_uri], config[:max_headers],
-                       config[:max_header_bytes], (config[:write_timeout] * 1000).to_i)
+                       config[:max_header_bytes], (config[:write_timeout] * 1000).to_i,
+                       config[:response_buffer], config[:max_response_spill])
     end
 
     def write_pid(path)

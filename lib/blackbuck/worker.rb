@@ -125,8 +125,12 @@ module Blackbuck
     # A full rack.hijack: the app owns the socket now.
     def release(conn)
       @poller.delete(conn.fd) if conn.polled?
-      conn.polled = false
+      conn.watched = 0
     end
+
+    # Output was queued while the request is still being read (a 100 Continue the client did
+    # not take): send it when the socket becomes writable.
+    def flush_later(conn) = watch(conn, IN | OUT)
 
     private
 
@@ -210,8 +214,9 @@ module Blackbuck
     def on_event(conn, ev)
       if conn.state == WRITE
         flush(conn)
-      elsif ev & (IN | ERR) != 0
-        on_readable(conn)
+      else
+        flush_interim(conn) if ev & OUT != 0
+        on_readable(conn) if ev & (IN | ERR) != 0 && !conn.closed?
       end
     end
 
@@ -227,10 +232,16 @@ module Blackbuck
     # nothing, so the deadline moves with every flush (a steady slow reader is fine).
     def flush(conn)
       case conn.flush
-      when Native::Conn::WRITE_DONE
-        watch(conn, IN)
-        finish_response(conn)
+      when Native::Conn::WRITE_DONE then finish_response(conn)
       when Native::Conn::WRITE_PENDING then conn.deadline = now + @write_timeout
+      when Native::Conn::WRITE_FAILED then drop(conn)
+      end
+    end
+
+    # A queued 100 Continue went out (or the client is gone) while its body is awaited.
+    def flush_interim(conn)
+      case conn.flush
+      when Native::Conn::WRITE_DONE then watch(conn, IN)
       when Native::Conn::WRITE_FAILED then drop(conn)
       end
     end
@@ -242,6 +253,7 @@ module Blackbuck
 
       conn.state = IDLE
       conn.deadline = now + @keepalive_timeout
+      watch(conn, IN) if conn.polled? # it may have been watched for OUT
       return if conn.buffered.zero?
 
       # Pipelined requests: answer in order, but give other connections a turn now and then.
@@ -259,12 +271,14 @@ module Blackbuck
     end
 
     def watch(conn, mask)
-      if conn.polled?
+      if !conn.polled?
+        @poller.add(conn.fd, mask)
+      elsif conn.watched != mask
         @poller.modify(conn.fd, mask)
       else
-        @poller.add(conn.fd, mask)
-        conn.polled = true
+        return
       end
+      conn.watched = mask
     end
 
     def forget(conn)

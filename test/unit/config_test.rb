@@ -2,6 +2,7 @@
 
 require "minitest/autorun"
 require "blackbuck"
+require "tmpdir"
 
 class ListenersParseTest < Minitest::Test
   def test_forms
@@ -67,6 +68,23 @@ class ConfigTest < Minitest::Test
     assert_equal 0o660, c[:unix_socket_mode]
     assert_equal false, c[:keepalive]
     assert_equal 2, config.set(:timeout, "2")[:timeout]
+  end
+
+  def test_response_buffering_settings
+    c = config
+    assert_equal 1024 * 1024, c[:response_buffer]
+    assert_equal 1024 * 1024 * 1024, c[:max_response_spill]
+    c.set(:response_buffer, "65536").set(:max_response_spill, "0")
+    assert_equal [65_536, 0], [c[:response_buffer], c[:max_response_spill]]
+    Dir.mktmpdir do |d|
+      File.write("#{d}/conf.rb", "response_buffer 4 * 1024 * 1024\nmax_response_spill 8 * 1024 * 1024\n")
+      c = Blackbuck::Config::DSL.load(config, "#{d}/conf.rb")
+      assert_equal [4 * 1024 * 1024, 8 * 1024 * 1024], [c[:response_buffer], c[:max_response_spill]]
+    end
+    { response_buffer: "-1", max_response_spill: "lots" }.each do |k, v|
+      err = assert_raises(Blackbuck::ConfigError) { config.set(k, v) }
+      assert_match(/\A#{k} must be an integer >= 0, got #{v.inspect}/, err.message)
+    end
   end
 
   def test_min_above_max_is_an_error

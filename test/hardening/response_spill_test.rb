@@ -1,0 +1,333 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "digest"
+
+# Output a client does not take is queued in memory up to response_buffer, then appended to a
+# per-connection spill file in $TMPDIR up to max_response_spill, so a client that stops reading a
+# large streamed (or Array) response never holds the worker. Past the cap, or when the file cannot
+# be written, the worker waits for that client (bounded by write_timeout) as it used to.
+# One worker in every test, so a held worker would show as a late fresh request.
+class ResponseSpillHardeningTest < ServerTest
+  APP = File.join(__dir__, "apps", "spill.ru")
+  FRESH_BOUND = 1.0      # seconds: a fresh request must be served this fast while a reader stalls
+  PART_BYTES = 64 * 1024 # as in apps/spill.ru
+  STREAM_PARTS = 256     # 16 MiB streamed
+  ARRAY_PARTS = 512      # 32 MiB Array body
+  CLIENT_RCVBUF = 16_384 # bytes: the stalled client's receive buffer, so the kernel holds little
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def test_streamed_each_body_to_a_stalled_reader_spills_and_the_worker_serves_others
+    check_stalled_stream("/each?parts=#{STREAM_PARTS}")
+  end
+
+  def test_streamed_callable_body_to_a_stalled_reader_spills_and_the_worker_serves_others
+    check_stalled_stream("/callable?parts=#{STREAM_PARTS}")
+  end
+
+  # The spill file goes away with the connection: a client that never reads is dropped after
+  # write_timeout and the worker's descriptors return to what they were before it came.
+  def test_non_reader_of_a_spilled_response_is_dropped_and_no_descriptor_is_left
+    server = spill_server(["--write-timeout", "1.5"])
+    worker = server.worker_pids.first
+    assert_fresh_request_served(server)
+    baseline = wait_for { n = fd_links(worker).size; sleep 0.2; n == fd_links(worker).size && n }
+
+    io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
+    started = now
+    wait_for(5) { spill_files(server, worker).size == 1 }
+    assert_fresh_request_served(server)
+    # the stalled client's socket and its spill file (the fresh request's socket closes soon)
+    wait_for(5) { fd_links(worker).size == baseline + 2 }
+
+    dropped_at = nil
+    until now - started > 10
+      if fd_links(worker).size == baseline
+        dropped_at = now - started
+        break
+      end
+      sleep 0.05
+    end
+    refute_nil dropped_at, "the worker still holds the non-reader (or its spill file) after 10 s: " \
+                           "#{fd_links(worker).inspect}"
+    assert_operator dropped_at, :>=, 1.3, "dropped after #{dropped_at.round(2)} s, before the 1.5 s write timeout"
+    assert_empty spill_files(server, worker)
+    got = read_all(io).bytesize
+    assert_operator got, :<, STREAM_PARTS * PART_BYTES, "dropped, so it cannot have the whole body"
+    assert_fresh_request_served(server)
+    assert_equal 1, server.worker_pids.size, "no worker crashed"
+  ensure
+    io&.close
+  end
+
+  # An Array body is handed to the kernel at once; what it does not take past response_buffer goes
+  # to the spill file, not to memory, and a slow reader gets every byte.
+  def test_large_array_body_to_a_slow_reader_spills_and_the_worker_serves_others
+    server = spill_server(["--write-timeout", "5"])
+    worker = server.worker_pids.first
+    io = stalled_request(server, "/array?parts=#{ARRAY_PARTS}")
+    sleep 0.3
+    assert_fresh_request_served(server)
+    assert_equal 1, spill_files(server, worker).size, "the unsent part of the Array body is in a spill file"
+
+    result = nil
+    reader = Thread.new { result = read_framed(io, pace: 0.002) }
+    sleep 0.5
+    assert_fresh_request_served(server) # while the slow reader is still reading
+    reader.join(60)
+    status, headers, digest, size = result
+    assert_equal 200, status
+    assert_equal (ARRAY_PARTS * PART_BYTES).to_s, headers["content-length"]
+    assert_equal ARRAY_PARTS * PART_BYTES, size
+    assert_equal expected_digest(ARRAY_PARTS), digest, "the Array body arrived byte for byte"
+    wait_for(5) { spill_files(server, worker).empty? }
+    assert_equal 200, request(io, "GET", "/hello")&.status, "the connection is kept alive after it"
+  ensure
+    reader&.kill
+    io&.close
+  end
+
+  # max_response_spill 0: nothing is spilled; past response_buffer the worker waits for the
+  # client, at most write_timeout, then drops it and serves the others.
+  def test_max_response_spill_zero_waits_for_the_client_at_most_write_timeout
+    server = spill_server(["--write-timeout", "2", "--max-response-spill", "0"])
+    worker = server.worker_pids.first
+    io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
+    sleep 0.3
+    assert_empty spill_files(server, worker)
+    elapsed = timed_fresh_request(server, timeout: 10)
+    assert_operator elapsed, :>=, 1.0, "with no spilling the worker waits for the stalled client"
+    assert_operator elapsed, :<, 4.0, "but not past write_timeout (2 s): #{elapsed.round(2)} s"
+    got = read_all(io).bytesize
+    assert_operator got, :<, STREAM_PARTS * PART_BYTES, "the stalled client was dropped"
+    assert_fresh_request_served(server)
+    assert_equal 1, server.worker_pids.size, "no worker crashed"
+    refute_match(/cannot spill/, server.log, "reaching the cap is not a failure worth a warning")
+  ensure
+    io&.close
+  end
+
+  # A small cap: memory, then 2 MiB of file, then waiting. A reader that comes back within
+  # write_timeout still gets every byte, in order.
+  def test_past_a_small_max_response_spill_the_worker_waits_and_keeps_the_order
+    server = spill_server(["--write-timeout", "5", "--max-response-spill", (2 * 1024 * 1024).to_s])
+    check_fallback_keeps_bytes(server)
+    refute_match(/cannot spill/, server.log)
+  end
+
+  # $TMPDIR that does not exist: the spill fails, one warning is logged, and the worker falls back
+  # to waiting for the client (bounded by write_timeout); a reader that comes back gets every byte.
+  def test_spill_failure_falls_back_to_waiting_with_one_warning
+    dir = Dir.mktmpdir("bb-test")
+    server = start_server(["-l", "127.0.0.1:0", "--write-timeout", "5"], app: APP, dir: dir,
+                                                                          env: { "TMPDIR" => File.join(dir, "missing") })
+    check_fallback_keeps_bytes(server)
+    warnings = server.log.scan(/WARN cannot spill a response.*/)
+    assert_equal 1, warnings.size, "one warning line for the failed spill: #{warnings.inspect}"
+    assert_match(/No such file or directory/, warnings.first)
+  end
+
+  # Three pipelined requests from a client that reads nothing at first: the spilled response,
+  # then a 103 and a second spilled response (written while the client drains the first), then a
+  # small one, all in order.
+  def test_pipelined_responses_and_early_hints_behind_a_spilled_response_stay_in_order
+    server = spill_server(["--write-timeout", "5"])
+    io = stalled_request(server, "/each?parts=#{STREAM_PARTS}",
+                         more: "GET /early-each?parts=#{STREAM_PARTS} HTTP/1.1\r\nHost: x\r\n\r\n" \
+                               "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep 0.3
+    assert_fresh_request_served(server)
+    reader = FramedReader.new(io)
+    status, _, digest, = read_framed(io, reader: reader)
+    assert_equal [200, expected_digest(STREAM_PARTS)], [status, digest]
+    status, headers, = read_framed(io, reader: reader)
+    assert_equal 103, status
+    assert_equal "</a.css>; rel=preload", headers["link"]
+    status, _, digest, = read_framed(io, reader: reader)
+    assert_equal [200, expected_digest(STREAM_PARTS)], [status, digest]
+    status, _, digest, size = read_framed(io, reader: reader)
+    assert_equal [200, 12], [status, size]
+    assert_equal Digest::SHA256.hexdigest("hello world\n"), digest
+  ensure
+    io&.close
+  end
+
+  private
+
+  def spill_server(args)
+    dir = Dir.mktmpdir("bb-test")
+    start_server(["-l", "127.0.0.1:0", *args], app: APP, dir: dir, env: { "TMPDIR" => dir })
+  end
+
+  # The stalled client waits 1.5 s (well within write_timeout), then reads everything.
+  def check_stalled_stream(path)
+    server = spill_server(["--write-timeout", "5"])
+    worker = server.worker_pids.first
+    io = stalled_request(server, path)
+    sleep 0.3
+    assert_fresh_request_served(server)
+    assert_equal 1, spill_files(server, worker).size, "a spill file in $TMPDIR while the reader stalls"
+    sleep 1.2
+    assert_fresh_request_served(server)
+
+    status, headers, digest, size = read_framed(io)
+    assert_equal 200, status
+    assert_equal "chunked", headers["transfer-encoding"]
+    assert_equal STREAM_PARTS * PART_BYTES, size
+    assert_equal expected_digest(STREAM_PARTS), digest, "the streamed body arrived byte for byte"
+    wait_for(5) { spill_files(server, worker).empty? }
+    assert_equal 200, request(io, "GET", "/hello")&.status, "the connection is kept alive after it"
+  ensure
+    io&.close
+  end
+
+  # The worker cannot queue everything, so it waits for the stalled client: a fresh request is
+  # answered only once that client reads again, and the client gets every byte in order.
+  def check_fallback_keeps_bytes(server)
+    io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
+    sleep 0.3
+    fresh_elapsed = nil
+    fresh = Thread.new { fresh_elapsed = timed_fresh_request(server, timeout: 20) }
+    sleep 1.5
+    assert fresh.alive?, "the worker is waiting for the stalled client (fallback), so the fresh request waits"
+    status, _, digest, size = read_framed(io)
+    assert_equal 200, status
+    assert_equal STREAM_PARTS * PART_BYTES, size
+    assert_equal expected_digest(STREAM_PARTS), digest, "every byte, in order"
+    fresh.join(10)
+    refute_nil fresh_elapsed, "the fresh request was answered once the stalled client read again"
+    assert_equal 1, server.worker_pids.size, "no worker crashed"
+  ensure
+    fresh&.kill
+    io&.close
+  end
+
+  def expected_digest(parts)
+    d = Digest::SHA256.new
+    parts.times { |i| d << (format("%015d\n", i) * (PART_BYTES / 16)) }
+    d.hexdigest
+  end
+
+  # A request from a client with a small receive buffer that then reads nothing.
+  def stalled_request(server, path, more: "")
+    s = Socket.new(:INET, :STREAM)
+    s.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, CLIENT_RCVBUF)
+    s.connect(Socket.sockaddr_in(server.tcp_port, server.tcp_host))
+    s.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n#{more}")
+    s
+  end
+
+  def timed_fresh_request(server, timeout: 10)
+    t = now
+    io = server.tcp
+    res = Timeout.timeout(timeout) { request(io, "GET", "/hello") }
+    assert_equal 200, res&.status
+    now - t
+  ensure
+    io&.close
+  end
+
+  def assert_fresh_request_served(server)
+    elapsed = timed_fresh_request(server)
+    assert_operator elapsed, :<, FRESH_BOUND, "a fresh request waited #{elapsed.round(2)} s behind a stalled reader"
+  end
+
+  def fd_links(pid)
+    Dir.children("/proc/#{pid}/fd").filter_map do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}")
+    rescue SystemCallError
+      nil
+    end
+  end
+
+  # The worker's open files in the server's $TMPDIR (the test server's directory).
+  def spill_files(server, pid) = fd_links(pid).select { |l| l.start_with?("#{server.dir}/") && !l.end_with?(".log") }
+
+  def read_all(io, timeout: 10)
+    out = +""
+    Timeout.timeout(timeout) { loop { out << io.readpartial(65_536) } }
+  rescue EOFError, Errno::ECONNRESET, Timeout::Error
+    out
+  end
+
+  # Reads one response with strict framing checks; returns [status, headers, body SHA-256, body size].
+  # pace: seconds to sleep after each read (a slow reader).
+  def read_framed(io, reader: FramedReader.new(io), pace: 0, timeout: 60)
+    reader.pace = pace
+    Timeout.timeout(timeout) do
+      status = reader.line[%r{\AHTTP/1\.1 (\d{3}) }, 1].to_i
+      headers = {}
+      while (l = reader.line) != ""
+        k, v = l.split(":", 2)
+        headers[k.downcase] = v.strip
+      end
+      digest = Digest::SHA256.new
+      size = 0
+      if status == 103
+        nil
+      elsif headers["transfer-encoding"] == "chunked"
+        loop do
+          size_line = reader.line
+          assert_match(/\A\h+\z/, size_line, "a chunk-size line")
+          n = size_line.to_i(16)
+          if n.zero?
+            assert_equal "", reader.line, "the last chunk ends with an empty line (no trailers)"
+            break
+          end
+          digest << reader.take(n)
+          size += n
+          assert_equal "\r\n", reader.take(2), "CRLF after chunk data"
+        end
+      else
+        left = Integer(headers.fetch("content-length"))
+        while left.positive?
+          data = reader.take([left, 1 << 20].min)
+          digest << data
+          size += data.bytesize
+          left -= data.bytesize
+        end
+      end
+      [status, headers, digest.hexdigest, size]
+    end
+  end
+
+  # Buffered reads over a socket without copying the whole buffer for every line.
+  class FramedReader
+    attr_writer :pace
+
+    def initialize(io)
+      @io = io
+      @buf = +"".b
+      @pos = 0
+      @pace = 0
+    end
+
+    def line
+      until (i = @buf.index("\r\n", @pos))
+        fill
+      end
+      s = @buf.byteslice(@pos, i - @pos)
+      @pos = i + 2
+      s
+    end
+
+    def take(n)
+      fill while @buf.bytesize - @pos < n
+      s = @buf.byteslice(@pos, n)
+      @pos += n
+      s
+    end
+
+    private
+
+    def fill
+      if @pos > (1 << 20)
+        @buf = @buf.byteslice(@pos..)
+        @pos = 0
+      end
+      @buf << @io.readpartial(1 << 16)
+      sleep @pace if @pace.positive?
+    end
+  end
+end

@@ -1,0 +1,142 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "blackbuck"
+require "socket"
+require "tmpdir"
+require "fileutils"
+
+# Native::Conn's output queue over a UNIX socket pair, without a server: output the socket does
+# not take goes to memory (response_buffer), then to a spill file in $TMPDIR (max_response_spill),
+# in order; only what fits nowhere waits for the client (write_timeout).
+class ConnOutputTest < Minitest::Test
+  Native = Blackbuck::Native
+  RESPONSE_BUFFER = 64 * 1024
+  WRITE_TIMEOUT_MS = 2000
+  PARTS = 16 # of 64 KiB: 1 MiB, more than the socket and the memory queue hold
+
+  def setup
+    @dir = Dir.mktmpdir("bb-conn")
+    @old_tmpdir = ENV.fetch("TMPDIR", nil)
+    ENV["TMPDIR"] = @dir
+    configure(max_spill: 4 * 1024 * 1024)
+    @server = UNIXServer.new("#{@dir}/s")
+    @client = UNIXSocket.new("#{@dir}/s")
+    @conn = Native::Conn.accept(@server.fileno, {}, false)
+  end
+
+  def teardown
+    @reader&.kill
+    @conn&.close
+    @client&.close
+    @server&.close
+    @old_tmpdir ? ENV["TMPDIR"] = @old_tmpdir : ENV.delete("TMPDIR")
+    Native.logger = nil
+    c = Blackbuck::Config.new
+    Native.configure(c[:max_request_line], c[:max_uri], c[:max_headers], c[:max_header_bytes],
+                     c[:write_timeout] * 1000, c[:response_buffer], c[:max_response_spill])
+    FileUtils.rm_rf(@dir)
+  end
+
+  def test_memory_then_spill_file_then_interim_responses_in_order
+    parts = write_parts
+    assert @conn.write_continue
+    assert @conn.write_hints({ "link" => "</a.css>; rel=preload" })
+    assert @conn.pending_output?
+    assert_equal 1, spill_fds, "a spill file in $TMPDIR"
+    expected = parts.join << "HTTP/1.1 100 Continue\r\n\r\n" << "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n"
+    assert_equal expected, read_while_flushing(expected.bytesize)
+    refute @conn.pending_output?
+    assert_equal 0, spill_fds, "the spill file is closed once sent"
+  end
+
+  def test_without_spilling_a_write_waits_for_the_client_and_keeps_the_order
+    configure(max_spill: 0)
+    @reader = start_reader(after: 0.3, bytes: PARTS * 65_536)
+    t = now
+    parts = write_parts
+    assert_operator now - t, :>=, 0.25, "past response_buffer it waited for the reader"
+    assert_equal 0, spill_fds
+    flush_all
+    assert_equal parts.join, @reader.value
+  end
+
+  def test_a_client_that_takes_nothing_fails_the_write_after_write_timeout
+    configure(max_spill: 0, write_timeout_ms: 300)
+    t = now
+    failed = (0...PARTS).find { |i| !@conn.write_part(part(i), false) } # Response stops at the first false
+    refute_nil failed, "a write failed"
+    assert_operator now - t, :>=, 0.25
+    assert_operator now - t, :<, 2
+  end
+
+  def test_spill_failure_warns_once_and_waits_instead
+    ENV["TMPDIR"] = File.join(@dir, "missing")
+    warnings = []
+    Native.logger = Struct.new(:list) { def warn(msg) = list << msg }.new(warnings)
+    @reader = start_reader(after: 0.3, bytes: PARTS * 65_536)
+    parts = write_parts
+    flush_all
+    assert_equal parts.join, @reader.value
+    assert_equal 1, warnings.size, warnings.inspect
+    assert_match(%r{\Acannot spill a response to #{Regexp.escape(@dir)}/missing \(open: No such file or directory\)},
+                 warnings.first)
+  end
+
+  # rack.hijack: the app writes to the socket itself, so what is queued goes out first.
+  def test_detach_sends_what_is_queued_first
+    parts = write_parts
+    assert @conn.write_hints({ "link" => "</a.css>" })
+    expected = parts.join << "HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n"
+    @reader = start_reader(after: 0.2, bytes: expected.bytesize)
+    io = UNIXSocket.for_fd(@conn.detach)
+    assert_equal 0, spill_fds
+    assert_equal expected, @reader.value
+    io.close
+  end
+
+  private
+
+  def configure(max_spill:, write_timeout_ms: WRITE_TIMEOUT_MS)
+    Native.configure(8192, 8192, 100, 65_536, write_timeout_ms, RESPONSE_BUFFER, max_spill)
+  end
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  def part(i) = format("%015d\n", i) * 4096
+
+  def write_parts
+    Array.new(PARTS) do |i|
+      assert @conn.write_part(part(i), false), "part #{i}"
+      part(i)
+    end
+  end
+
+  def spill_fds
+    Dir.children("/proc/self/fd").count do |fd|
+      File.readlink("/proc/self/fd/#{fd}").start_with?("#{@dir}/")
+    rescue SystemCallError
+      false
+    end
+  end
+
+  def start_reader(after:, bytes:)
+    Thread.new do
+      sleep after
+      out = +""
+      out << @client.readpartial(65_536) while out.bytesize < bytes
+      out
+    end
+  end
+
+  def flush_all
+    deadline = now + 10
+    sleep 0.001 until @conn.flush == Native::Conn::WRITE_DONE || now > deadline
+    refute @conn.pending_output?
+  end
+
+  def read_while_flushing(bytes)
+    @reader = start_reader(after: 0, bytes: bytes)
+    flush_all
+    @reader.value
+  end
+end
