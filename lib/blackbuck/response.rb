@@ -43,7 +43,7 @@ module Blackbuck
       end
       return :hijacked if hooks.hijacked?
 
-      write(conn, status, headers, body, hooks)
+      write(conn, env, status, headers, body, hooks)
     rescue RequestTimeout => e
       error = e
       @logger.exception("request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
@@ -61,7 +61,7 @@ module Blackbuck
 
     private
 
-    def write(conn, status, headers, body, hooks)
+    def write(conn, env, status, headers, body, hooks)
       status = Integer(status)
       raise TypeError, "response headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
 
@@ -78,7 +78,10 @@ module Blackbuck
         mode = conn.write_response(status, headers, body.to_ary, false)
       else
         mode = conn.write_response(status, headers, nil, false)
-        mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED) if mode >= Native::Conn::STREAM_CHUNKED
+        if mode >= Native::Conn::STREAM_CHUNKED
+          streaming = true
+          mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED)
+        end
       end
       return :done unless mode == Native::Conn::WRITE_FAILED
 
@@ -88,8 +91,15 @@ module Blackbuck
       @worker.drop(conn)
       :closed
     rescue StandardError => e
-      # Nothing was written when write_response raised (it validates first); a failure
-      # in the middle of a streamed body can only end the connection.
+      # Nothing was written when write_response raised (it validates first): answer 500. Once a
+      # streamed body has begun, its status is out; the only honest signal left is to end the
+      # connection without the final chunk (or short of Content-Length), so the client sees a
+      # truncated body, never a second response spliced into the first.
+      if streaming
+        @logger.exception("body failed after the head was sent, connection closed: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+        @worker.drop(conn)
+        return :closed
+      end
       @logger.exception("invalid response", e)
       answer_error(conn, 500, hooks)
     end

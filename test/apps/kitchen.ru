@@ -22,6 +22,13 @@ run lambda { |env|
     info["worker.pid"] = Process.pid.to_s
     [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
   when "/each" then [200, { "content-type" => "text/plain" }, EachBody.new(%w[a bb ccc])]
+  when "/each-raise" # fails after the head and a first chunk went out
+    body = Object.new
+    def body.each
+      yield "first"
+      raise "boom in the middle of the body"
+    end
+    [200, { "content-type" => "text/plain" }, body]
   when "/each-length" then [200, { "Content-Length" => "6" }, EachBody.new(%w[a bb ccc])]
   when "/callable"
     [200, {}, ->(stream) { stream.write("streamed "); stream.write("body"); stream.close }]

@@ -102,6 +102,23 @@ class ErrorStatusTest < ServerTest
     io2&.close
   end
 
+  # Once a streamed body's head and first chunk are out, a failure cannot become a 500: the
+  # connection ends without the last chunk, so the client sees a truncated body, and no second
+  # status line is spliced into the stream.
+  def test_body_failing_mid_stream_truncates_the_response_instead_of_splicing_a_500
+    out = raw(@server, "GET /each-raise HTTP/1.1\r\nHost: x\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    head, body = out.split("\r\n\r\n", 2)
+    assert_match(%r{\AHTTP/1\.1 200 }, head)
+    assert_match(/transfer-encoding: chunked/i, head)
+    assert_equal "5\r\nfirst\r\n", body, "the first chunk, then EOF: no final 0-chunk, no 500, nothing pipelined answered"
+    sleep 0.2
+    assert_match(%r{body failed after the head was sent, connection closed: GET /each-raise: RuntimeError: boom in the middle}, @server.log)
+    io = @server.tcp
+    assert_equal 200, request(io, "GET", "/hello").status, "the worker serves the next client"
+  ensure
+    io&.close
+  end
+
   def test_invalid_triplet_and_non_string_body_part_are_500
     %w[/bad-triplet /bad-part].each do |path|
       io = @server.tcp
