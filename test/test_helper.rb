@@ -238,6 +238,25 @@ class ServerTest < Minitest::Test
     start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", *args], dir: dir, **opts)
   end
 
+  FRESH_BOUND = 1.0 # seconds: a fresh request must be served this fast while slow clients wait
+
+  # GET /hello on a new connection; returns the seconds it took.
+  def timed_fresh_request(server, timeout: 10)
+    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    io = server.tcp
+    res = Timeout.timeout(timeout) { request(io, "GET", "/hello") }
+    assert_equal 200, res&.status
+    Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
+  ensure
+    io&.close
+  end
+
+  # The worker is not held by whatever the test set up (slow clients, a stalled reader...).
+  def assert_fresh_request_served(server, behind: "slow clients")
+    elapsed = timed_fresh_request(server)
+    assert_operator elapsed, :<, FRESH_BOUND, "a fresh request waited #{elapsed.round(2)} s behind #{behind}"
+  end
+
   # Polls the block until it returns a truthy value (returned), or raises after timeout.
   def wait_for(timeout = 15)
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout

@@ -127,8 +127,13 @@ static void conn_mark(void *p)
     rb_gc_mark(c->sink);
 }
 
+/* Bytes in all of this process's spill files (a worker is one process), against max_worker_spill:
+ * disk use stays bounded however many connections stop reading at once. */
+static int64_t spill_total;
+
 static void spill_close(struct conn *c)
 {
+    spill_total -= c->spill_len;
     if (c->spill_fd >= 0) close(c->spill_fd);
     c->spill_fd = -1;
     c->spill_off = c->spill_len = 0;
@@ -569,9 +574,11 @@ static void queue_iov(struct conn *c, struct iovec *iov, int *i, int cnt)
         iov_skip(iov, i, cnt, took);
         if (took < n) break;
     }
-    while (*i < cnt && !c->spill_failed && c->spill_len < bb_settings.max_response_spill) {
-        /* at most IOV_MAX entries and the room left under the cap (the last entry cut to fit) */
-        size_t room = (size_t)(bb_settings.max_response_spill - c->spill_len), sum = 0, cut_len = 0;
+    while (*i < cnt && !c->spill_failed && c->spill_len < bb_settings.max_response_spill &&
+           spill_total < bb_settings.max_worker_spill) {
+        /* at most IOV_MAX entries and the room left under both caps (the last entry cut to fit) */
+        int64_t left = bb_settings.max_response_spill - c->spill_len, worker_left = bb_settings.max_worker_spill - spill_total;
+        size_t room = (size_t)(left < worker_left ? left : worker_left), sum = 0, cut_len = 0;
         int k, batch = cnt - *i > IOV_MAX ? IOV_MAX : cnt - *i, cut = -1;
         ssize_t w;
         if (c->spill_fd < 0 && (c->spill_fd = spill_open(spill_dir())) < 0) {
@@ -597,6 +604,7 @@ static void queue_iov(struct conn *c, struct iovec *iov, int *i, int cnt)
             break;
         }
         c->spill_len += w;
+        spill_total += w;
         iov_skip(iov, i, cnt, (size_t)w);
     }
 }

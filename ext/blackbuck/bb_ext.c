@@ -207,17 +207,19 @@ static VALUE native_sched_batch(VALUE self)
 
 /*
  * Native.configure(max_request_line, max_uri, max_headers, max_header_bytes, write_timeout_ms,
- *                  response_buffer, max_response_spill) -- positional, called once at boot
+ *                  response_buffer, max_response_spill, max_worker_spill) -- positional, once at boot
  */
 static VALUE native_configure(int argc, VALUE *argv, VALUE self)
 {
     long h;
-    long long spill;
-    rb_check_arity(argc, 7, 7);
+    long long spill, worker_spill;
+    rb_check_arity(argc, 8, 8);
     h = NUM2LONG(argv[2]);
     if (h < 1 || h > BB_HEADERS_CAP) rb_raise(rb_eArgError, "max_headers must be 1..%d", BB_HEADERS_CAP);
     spill = NUM2LL(argv[6]);
     if (spill < 0) rb_raise(rb_eArgError, "max_response_spill must be >= 0");
+    worker_spill = NUM2LL(argv[7]);
+    if (worker_spill < 0) rb_raise(rb_eArgError, "max_worker_spill must be >= 0");
     bb_settings.limits.max_request_line = NUM2SIZET(argv[0]);
     bb_settings.limits.max_uri = NUM2SIZET(argv[1]);
     bb_settings.limits.max_headers = (size_t)h;
@@ -225,6 +227,7 @@ static VALUE native_configure(int argc, VALUE *argv, VALUE self)
     bb_settings.write_timeout_ms = NUM2INT(argv[4]);
     bb_settings.response_buffer = NUM2SIZET(argv[5]);
     bb_settings.max_response_spill = (int64_t)spill;
+    bb_settings.max_worker_spill = (int64_t)worker_spill;
     return Qnil;
 }
 
@@ -254,6 +257,7 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
     bb_settings.write_timeout_ms = 30000;
     bb_settings.response_buffer = BB_DEFAULT_RESPONSE_BUFFER;
     bb_settings.max_response_spill = BB_DEFAULT_MAX_RESPONSE_SPILL;
+    bb_settings.max_worker_spill = BB_DEFAULT_MAX_WORKER_SPILL;
     rb_gc_register_address(&logger);
 
     rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);

@@ -19,6 +19,7 @@
 /* Defaults of the response_buffer and max_response_spill settings (Config has the same). */
 #define BB_DEFAULT_RESPONSE_BUFFER (1024 * 1024)                 /* bytes queued in memory per connection */
 #define BB_DEFAULT_MAX_RESPONSE_SPILL (1024LL * 1024 * 1024)    /* bytes of spill file per connection */
+#define BB_DEFAULT_MAX_WORKER_SPILL (4LL * 1024 * 1024 * 1024)  /* bytes of all a worker's spill files */
 
 extern VALUE bb_mBlackbuck, bb_mNative;
 
@@ -28,6 +29,7 @@ struct bb_settings {
     int write_timeout_ms; /* a blocking write waits at most this long for the client to read */
     size_t response_buffer;     /* bytes of output a connection may queue in memory; past it, spill */
     int64_t max_response_spill; /* bytes a connection's spill file may hold; past it, wait; 0 = never spill */
+    int64_t max_worker_spill;   /* bytes all spill files of this process may hold together; past it, wait */
 };
 extern struct bb_settings bb_settings;
 

@@ -96,6 +96,8 @@ module Blackbuck
              &set(:response_buffer))
         o.on("--max-response-spill BYTES", "more of them in a file in $TMPDIR, then wait for the client " \
                                            "(default 1073741824; 0 = never spill)", &set(:max_response_spill))
+        o.on("--max-worker-spill BYTES", "all of one worker's spill files together (default 4294967296)",
+             &set(:max_worker_spill))
         o.separator ""
         o.separator "Limits:"
         o.on("--max-request-line BYTES", "request line, else 414 (default 8192)", &set(:max_request_line))

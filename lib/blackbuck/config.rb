@@ -42,6 +42,7 @@ module Blackbuck
       response_buffer: 1 * MIB,       # bytes of response a client has not taken kept in memory, per connection
       max_response_spill: 1024 * MIB, # bytes more in a spill file in $TMPDIR, per connection; past it the
                                       # worker waits for the client (write_timeout); 0 = never spill
+      max_worker_spill: 4096 * MIB,   # bytes all of one worker's spill files may hold together; past it, as above
       oob_gc: 0,                      # run GC between requests every N requests; 0 = off
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off

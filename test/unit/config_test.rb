@@ -74,14 +74,15 @@ class ConfigTest < Minitest::Test
     c = config
     assert_equal 1024 * 1024, c[:response_buffer]
     assert_equal 1024 * 1024 * 1024, c[:max_response_spill]
-    c.set(:response_buffer, "65536").set(:max_response_spill, "0")
-    assert_equal [65_536, 0], [c[:response_buffer], c[:max_response_spill]]
+    assert_equal 4 * 1024 * 1024 * 1024, c[:max_worker_spill]
+    c.set(:response_buffer, "65536").set(:max_response_spill, "0").set(:max_worker_spill, "1048576")
+    assert_equal [65_536, 0, 1_048_576], [c[:response_buffer], c[:max_response_spill], c[:max_worker_spill]]
     Dir.mktmpdir do |d|
       File.write("#{d}/conf.rb", "response_buffer 4 * 1024 * 1024\nmax_response_spill 8 * 1024 * 1024\n")
       c = Blackbuck::Config::DSL.load(config, "#{d}/conf.rb")
       assert_equal [4 * 1024 * 1024, 8 * 1024 * 1024], [c[:response_buffer], c[:max_response_spill]]
     end
-    { response_buffer: "-1", max_response_spill: "lots" }.each do |k, v|
+    { response_buffer: "-1", max_response_spill: "lots", max_worker_spill: "-5" }.each do |k, v|
       err = assert_raises(Blackbuck::ConfigError) { config.set(k, v) }
       assert_match(/\A#{k} must be an integer >= 0, got #{v.inspect}/, err.message)
     end

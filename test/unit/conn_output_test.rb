@@ -27,6 +27,7 @@ class ConnOutputTest < Minitest::Test
 
   def teardown
     @reader&.kill
+    (@extra || []).each(&:close)
     @conn&.close
     @client&.close
     @server&.close
@@ -34,7 +35,7 @@ class ConnOutputTest < Minitest::Test
     Native.logger = nil
     c = Blackbuck::Config.new
     Native.configure(c[:max_request_line], c[:max_uri], c[:max_headers], c[:max_header_bytes],
-                     c[:write_timeout] * 1000, c[:response_buffer], c[:max_response_spill])
+                     c[:write_timeout] * 1000, c[:response_buffer], c[:max_response_spill], c[:max_worker_spill])
     FileUtils.rm_rf(@dir)
   end
 
@@ -83,6 +84,28 @@ class ConnOutputTest < Minitest::Test
                  warnings.first)
   end
 
+  # max_worker_spill bounds the spill files of all of a worker's connections together: with the
+  # first stalled client's file in place, a second one finds no room and waits (here it takes
+  # nothing, so its write fails after write_timeout); once the first file is gone, a third
+  # connection spills again.
+  def test_the_worker_cap_counts_every_connections_spill_file
+    configure(max_spill: 16 * 1024 * 1024, worker_spill: 2 * 1024 * 1024, write_timeout_ms: 300)
+    write_parts # 1 MiB: what the socket and the 64 KiB memory queue do not hold is in a file
+    assert_equal 1, spill_fds
+    second = stalled_conn
+    t = now
+    failed = (0...4 * PARTS).find { |i| !second.write_part(part(i), false) }
+    refute_nil failed, "no room under the worker cap: the second client's write waited and failed"
+    assert_operator failed, :>=, 1, "it spilled up to the cap first"
+    assert_operator now - t, :>=, 0.25, "it waited write_timeout"
+    second.close
+    @conn.close
+    assert_equal 0, spill_fds, "closing the connections removed their files and gave their room back"
+    third = stalled_conn
+    16.times { |i| assert third.write_part(part(i), false), "part #{i} spilled again" }
+    assert_equal 1, spill_fds
+  end
+
   # rack.hijack: the app writes to the socket itself, so what is queued goes out first.
   def test_detach_sends_what_is_queued_first
     parts = write_parts
@@ -97,8 +120,13 @@ class ConnOutputTest < Minitest::Test
 
   private
 
-  def configure(max_spill:, write_timeout_ms: WRITE_TIMEOUT_MS)
-    Native.configure(8192, 8192, 100, 65_536, write_timeout_ms, RESPONSE_BUFFER, max_spill)
+  def configure(max_spill:, worker_spill: 64 * 1024 * 1024, write_timeout_ms: WRITE_TIMEOUT_MS)
+    Native.configure(8192, 8192, 100, 65_536, write_timeout_ms, RESPONSE_BUFFER, max_spill, worker_spill)
+  end
+
+  def stalled_conn
+    (@extra ||= []) << UNIXSocket.new("#{@dir}/s")
+    Native::Conn.accept(@server.fileno, {}, false).tap { |c| @extra << c }
   end
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
