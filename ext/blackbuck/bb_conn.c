@@ -553,6 +553,17 @@ static const char *spill_dir(void)
     return dir && *dir ? dir : "/tmp";
 }
 
+/* Conn.spill_probe -> nil | "DIR: reason": makes and drops one spill file, so a $TMPDIR that
+ * cannot take them is reported at boot rather than at the first slow reader. */
+static VALUE conn_s_spill_probe(VALUE klass)
+{
+    const char *dir = spill_dir();
+    int fd = spill_open(dir);
+    if (fd < 0) return rb_sprintf("%s: %s", dir, strerror(errno));
+    close(fd);
+    return Qnil;
+}
+
 /* The spill file could not be made or written: from now on until the next request this
  * connection's output waits for the client instead. One warning line says why. */
 static void spill_fail(struct conn *c, const char *op, int err)
@@ -1169,6 +1180,7 @@ void bb_init_conn(void)
     cConn = rb_define_class_under(bb_mNative, "Conn", rb_cObject);
     rb_define_alloc_func(cConn, conn_alloc);
     rb_define_singleton_method(cConn, "accept", conn_s_accept, 3);
+    rb_define_singleton_method(cConn, "spill_probe", conn_s_spill_probe, 0);
     rb_define_method(cConn, "fill", conn_fill, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);

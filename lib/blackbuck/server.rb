@@ -13,6 +13,7 @@ module Blackbuck
     def run(config, app, logger: Logger.new($stderr, path: config[:log]), env: ENV)
       configure_native(config)
       Native.logger = logger # the C side warns through it (a response that cannot be spilled)
+      check_spill_dir(config, logger)
       raise_open_files_limit(logger)
       listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP)
       listeners = Listeners.inherited(env) if listeners.empty?
@@ -43,6 +44,16 @@ module Blackbuck
       logger.info("raised the open-files limit from #{soft} to #{hard}")
     rescue SystemCallError, NotImplementedError => e
       logger.warn("could not raise the open-files limit (#{soft}): #{e.message}")
+    end
+
+    # A $TMPDIR that cannot take spill files is said at boot (the server still starts: only slow
+    # readers of large responses are affected, and they wait as if max_response_spill were 0).
+    def check_spill_dir(config, logger)
+      return if config[:max_response_spill].zero? || config[:max_worker_spill].zero?
+      return unless (problem = Native::Conn.spill_probe)
+
+      logger.warn("response spill files cannot be made in #{problem}; a client that stops reading " \
+                  "a large response will hold its worker up to write_timeout (set TMPDIR)")
     end
 
     def configure_native(config)

@@ -121,6 +121,9 @@ class ResponseSpillHardeningTest < ServerTest
     dir = Dir.mktmpdir("bb-test")
     server = start_server(["-l", "127.0.0.1:0", "--write-timeout", "5"], app: APP, dir: dir,
                                                                           env: { "TMPDIR" => File.join(dir, "missing") })
+    boot = server.log.scan(/WARN response spill files cannot be made in .*/)
+    assert_equal 1, boot.size, "the unusable $TMPDIR is reported at boot: #{server.log}"
+    assert_match(%r{in #{Regexp.escape(dir)}/missing: No such file or directory}, boot.first)
     check_fallback_keeps_bytes(server)
     warnings = server.log.scan(/WARN cannot spill a response.*/)
     assert_equal 1, warnings.size, "one warning line for the failed spill: #{warnings.inspect}"
@@ -156,7 +159,9 @@ class ResponseSpillHardeningTest < ServerTest
 
   def spill_server(args)
     dir = Dir.mktmpdir("bb-test")
-    start_server(["-l", "127.0.0.1:0", *args], app: APP, dir: dir, env: { "TMPDIR" => dir })
+    start_server(["-l", "127.0.0.1:0", *args], app: APP, dir: dir, env: { "TMPDIR" => dir }).tap do |s|
+      refute_match(/spill files cannot be made/, s.log, "a usable $TMPDIR gives no boot warning")
+    end
   end
 
   # The stalled client waits 1.5 s (well within write_timeout), then reads everything.
