@@ -131,6 +131,8 @@ static void conn_mark(void *p)
  * disk use stays bounded however many connections stop reading at once. */
 static int64_t spill_total;
 
+int64_t bb_spill_total(void) { return spill_total; }
+
 static void spill_close(struct conn *c)
 {
     spill_total -= c->spill_len;

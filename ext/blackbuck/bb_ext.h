@@ -33,6 +33,9 @@ struct bb_settings {
 };
 extern struct bb_settings bb_settings;
 
+/* Bytes in this process's response spill files now (bb_conn.c; the scoreboard publishes it). */
+int64_t bb_spill_total(void);
+
 /* Status lines ("HTTP/1.1 200 OK\r\n") built once at boot from Rack's table. */
 const char *bb_status_line(int status, size_t *len);
 /* "Date: Sun, 22 Nov 2026 00:00:00 GMT\r\n", refreshed at most once a second. */

@@ -20,6 +20,7 @@ struct sb_slot {
     int64_t started_ms;   /* CLOCK_MONOTONIC ms when the current request started; 0 when idle */
     int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
     int32_t connections;  /* open client connections */
+    int64_t spill_bytes;  /* bytes in the worker's response spill files (max_worker_spill) */
     char method[SB_METHOD_MAX];
     char path[SB_PATH_MAX];
 };
@@ -124,17 +125,19 @@ static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
     return Qnil;
 }
 
-/* tick(i, state, connections): the worker's loop is alive. */
+/* tick(i, state, connections): the worker's loop is alive; also publishes its spill bytes. */
 static VALUE sb_tick(VALUE self, VALUE idx, VALUE state, VALUE conns)
 {
     struct sb_slot *s = slot(self, idx);
     s->heartbeat_ms = now_ms();
     s->state = NUM2INT(state);
     s->connections = NUM2INT(conns);
+    s->spill_bytes = bb_spill_total();
     return Qnil;
 }
 
-/* read(i) -> [pid, state, requests, running_ms (0 when idle), heartbeat_age_ms, connections, method, path] */
+/* read(i) -> [pid, state, requests, running_ms (0 when idle), heartbeat_age_ms, connections, method, path,
+ *            spill_bytes] */
 static VALUE sb_read(VALUE self, VALUE idx)
 {
     struct sb_slot *s = slot(self, idx);
@@ -144,7 +147,7 @@ static VALUE sb_read(VALUE self, VALUE idx)
     memcpy(&c, s, sizeof(c));
     c.method[SB_METHOD_MAX - 1] = 0;
     c.path[SB_PATH_MAX - 1] = 0;
-    a = rb_ary_new_capa(8);
+    a = rb_ary_new_capa(9);
     rb_ary_push(a, INT2NUM(c.pid));
     rb_ary_push(a, INT2NUM(c.state));
     rb_ary_push(a, ULL2NUM(c.requests));
@@ -153,6 +156,7 @@ static VALUE sb_read(VALUE self, VALUE idx)
     rb_ary_push(a, INT2NUM(c.connections));
     rb_ary_push(a, rb_str_new_cstr(c.method));
     rb_ary_push(a, rb_str_new_cstr(c.path));
+    rb_ary_push(a, LL2NUM(c.spill_bytes));
     return a;
 }
 

@@ -81,6 +81,7 @@ module Blackbuck
           "idle" => workers.count { |w| w["state"] == "idle" },
           "requests" => workers.sum { |w| w["requests"] },
           "connections" => workers.sum { |w| w["connections"] },
+          "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
           "queued" => listeners.sum { |l| l["queued"] || 0 }
         }
       }
@@ -99,6 +100,8 @@ module Blackbuck
       family.call("blackbuck_requests_total", "counter", "Requests served, per worker slot.",
                   snap["workers"].map { |w| [{ "worker" => w["index"] }, w["requests"]] })
       family.call("blackbuck_connections", "gauge", "Open client connections.", [[{}, t["connections"]]])
+      family.call("blackbuck_spill_bytes", "gauge", "Bytes of responses clients have not taken, queued in spill files.",
+                  snap["workers"].map { |w| [{ "worker" => w["index"] }, w["spill_bytes"]] })
       known = snap["listeners"].reject { |l| l["queued"].nil? }
       family.call("blackbuck_listen_queue", "gauge", "Connections waiting in a listener's accept queue.",
                   known.map { |l| [{ "listener" => l["name"] }, l["queued"]] })
@@ -110,7 +113,7 @@ module Blackbuck
     private
 
     def worker_entry(child)
-      pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path = @scoreboard.read(child.index)
+      pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path, spill = @scoreboard.read(child.index)
       started = pid == child.pid # the slot is the fork's until the worker resets it
       {
         "index" => child.index,
@@ -118,6 +121,7 @@ module Blackbuck
         "state" => started ? state_name(state, running_ms) : "starting",
         "requests" => started ? requests : 0,
         "connections" => started ? connections : 0,
+        "spill_bytes" => started ? spill : 0,
         "running_ms" => started ? running_ms : 0,
         "method" => started && running_ms.positive? ? method : nil,
         "path" => started && running_ms.positive? ? path : nil,

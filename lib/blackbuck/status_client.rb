@@ -82,7 +82,8 @@ module Blackbuck
       t = s["totals"]
       out = +"Blackbuck #{s['version']}  master pid #{s['pid']}  " \
               "workers #{t['workers']} (busy #{t['busy']}, idle #{t['idle']})  " \
-              "requests #{t['requests']}  connections #{t['connections']}  queued #{t['queued']}\n\n"
+              "requests #{t['requests']}  connections #{t['connections']}  queued #{t['queued']}  " \
+              "spilled #{t['spill_bytes'].to_i} bytes\n\n"
       rows = s["workers"].map do |w|
         current = w["path"] ? "#{w['method']} #{w['path']}" : "-"
         running = w["running_ms"].to_i.positive? ? format("%.3fs", w["running_ms"] / 1000.0) : "-"

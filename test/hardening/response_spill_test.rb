@@ -2,6 +2,7 @@
 
 require_relative "../test_helper"
 require "digest"
+require "json"
 
 # Output a client does not take is queued in memory up to response_buffer, then appended to a
 # per-connection spill file in $TMPDIR up to max_response_spill, so a client that stops reading a
@@ -23,6 +24,23 @@ class ResponseSpillHardeningTest < ServerTest
 
   def test_streamed_callable_body_to_a_stalled_reader_spills_and_the_worker_serves_others
     check_stalled_stream("/callable?parts=#{STREAM_PARTS}")
+  end
+
+  # The status listener shows what a worker holds in spill files (JSON and Prometheus), and
+  # that it goes back to 0 once the client has read everything.
+  def test_status_and_metrics_show_spilled_bytes
+    stats = File.join(Dir.mktmpdir("bb-stats"), "status.sock")
+    server = spill_server(["--write-timeout", "5", "--stats-listen", "unix:#{stats}"])
+    io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
+    spilled = wait_for(5) { (n = stats_json(stats)["workers"].first["spill_bytes"]).positive? && n }
+    assert_operator spilled, :>, 8 * 1024 * 1024, "most of the 16 MiB body waits in the spill file"
+    assert_equal spilled, stats_json(stats)["totals"]["spill_bytes"]
+    assert_match(/^blackbuck_spill_bytes\{worker="0"\} [1-9]\d*$/, stats_get(stats, "/metrics"))
+    assert_equal STREAM_PARTS * PART_BYTES, read_framed(io)[3]
+    wait_for(5) { stats_json(stats)["workers"].first["spill_bytes"].zero? }
+    assert_match(/^blackbuck_spill_bytes\{worker="0"\} 0$/, stats_get(stats, "/metrics"))
+  ensure
+    io&.close
   end
 
   # The spill file goes away with the connection: a client that never reads is dropped after
@@ -214,6 +232,16 @@ class ResponseSpillHardeningTest < ServerTest
   end
 
   # A request from a client with a small receive buffer that then reads nothing.
+  def stats_get(path, what)
+    io = UNIXSocket.new(path)
+    io.write("GET #{what} HTTP/1.1\r\nHost: x\r\n\r\n")
+    read_response(io).body
+  ensure
+    io&.close
+  end
+
+  def stats_json(path) = JSON.parse(stats_get(path, "/status"))
+
   def stalled_request(server, path, more: "")
     s = Socket.new(:INET, :STREAM)
     s.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, CLIENT_RCVBUF)
