@@ -194,6 +194,14 @@ module HTTPHelpers
     read_response(io, head_request: method == "HEAD")
   end
 
+  # Everything the peer sends until it closes (or timeout, or a reset).
+  def read_all(io, timeout: 10)
+    out = +""
+    Timeout.timeout(timeout) { loop { out << io.readpartial(65_536) } }
+  rescue EOFError, Errno::ECONNRESET, Timeout::Error
+    out
+  end
+
   # Sends raw bytes on a fresh connection and reads until EOF (or timeout).
   def raw(server, data, transport: :tcp, timeout: 10)
     io = transport == :tcp ? server.tcp : server.unix

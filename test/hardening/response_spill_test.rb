@@ -261,13 +261,6 @@ class ResponseSpillHardeningTest < ServerTest
   # The worker's open files in the server's $TMPDIR (the test server's directory).
   def spill_files(server, pid) = fd_links(pid).select { |l| l.start_with?("#{server.dir}/") && !l.end_with?(".log") }
 
-  def read_all(io, timeout: 10)
-    out = +""
-    Timeout.timeout(timeout) { loop { out << io.readpartial(65_536) } }
-  rescue EOFError, Errno::ECONNRESET, Timeout::Error
-    out
-  end
-
   # Reads one response with strict framing checks; returns [status, headers, body SHA-256, body size].
   # pace: seconds to sleep after each read (a slow reader).
   def read_framed(io, reader: FramedReader.new(io), pace: 0, timeout: 60)

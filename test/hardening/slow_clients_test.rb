@@ -158,13 +158,4 @@ class SlowClientsHardeningTest < ServerTest
   ensure
     io&.close
   end
-
-  private
-
-  def read_all(io, timeout: 10)
-    out = +""
-    Timeout.timeout(timeout) { loop { out << io.readpartial(65_536) } }
-  rescue EOFError, Errno::ECONNRESET, Timeout::Error
-    out
-  end
 end
