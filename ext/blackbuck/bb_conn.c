@@ -154,9 +154,8 @@ static void conn_free(void *p)
 {
     struct conn *c = p;
     if (c->fd >= 0) close(c->fd);
-    spill_close(c);
+    out_discard(c);
     buf_put(c->buf, c->cap);
-    free(c->out);
     xfree(c);
 }
 
@@ -310,6 +309,19 @@ static struct known {
 };
 #define KNOWN_N(a) (sizeof(a) / sizeof((a)[0]))
 
+/* The interned CGI name of header field `name` (n bytes, n <= 256): "HTTP_" + upper case, '-' -> '_'. */
+static VALUE env_key(const char *name, size_t n)
+{
+    char key[5 + 256];
+    size_t i;
+    memcpy(key, "HTTP_", 5);
+    for (i = 0; i < n; i++) {
+        char ch = name[i];
+        key[5 + i] = ch == '-' ? '_' : (char)(ch >= 'a' && ch <= 'z' ? ch - 32 : ch);
+    }
+    return bb_fstring(key, (long)(5 + n));
+}
+
 static VALUE known_header_key(const char *name, size_t n)
 {
     size_t i;
@@ -328,9 +340,7 @@ static VALUE method_value(const char *m, size_t n)
 
 static void add_header(VALUE env, const struct bb_header *h)
 {
-    char key[5 + 256];
     VALUE k, val, old;
-    size_t i;
     const char *name = h->name;
     size_t nl = h->name_len;
 
@@ -342,14 +352,7 @@ static void add_header(VALUE env, const struct bb_header *h)
         /* interned at load */
     } else {
         if (nl > 256 || memchr(name, '_', nl)) return; /* X_Forwarded_For must not shadow X-Forwarded-For */
-        memcpy(key, "HTTP_", 5);
-        for (i = 0; i < nl; i++) {
-            char ch = name[i];
-            if (ch >= 'a' && ch <= 'z') ch = (char)(ch - 32);
-            else if (ch == '-') ch = '_';
-            key[5 + i] = ch;
-        }
-        k = bb_fstring(key, (long)(5 + nl));
+        k = env_key(name, nl);
     }
     old = rb_hash_lookup2(env, k, Qundef);
     if (old == Qundef) {
@@ -595,7 +598,6 @@ static void queue_iov(struct conn *c, struct iovec *iov, int *i, int cnt)
         int k, batch = cnt - *i > IOV_MAX ? IOV_MAX : cnt - *i, cut = -1;
         ssize_t w;
         if (c->spill_fd < 0 && (c->spill_fd = spill_open(spill_dir())) < 0) {
-            c->spill_fd = -1;
             spill_fail(c, "open", errno);
             break;
         }
@@ -1244,16 +1246,9 @@ void bb_init_conn(void)
     v_port80 = reg(bb_fstring("80", 2));
     v_empty = reg(bb_fstring("", 0)); /* QUERY_STRING when there is none: shared and frozen */
     {
-        size_t i, j;
-        char key[5 + 32];
-        for (i = 0; i < KNOWN_N(known_headers); i++) {
-            memcpy(key, "HTTP_", 5);
-            for (j = 0; j < known_headers[i].len; j++) {
-                char ch = known_headers[i].name[j];
-                key[5 + j] = ch == '-' ? '_' : (char)(ch >= 'a' && ch <= 'z' ? ch - 32 : ch);
-            }
-            known_headers[i].value = reg(bb_fstring(key, (long)(5 + known_headers[i].len)));
-        }
+        size_t i;
+        for (i = 0; i < KNOWN_N(known_headers); i++)
+            known_headers[i].value = reg(env_key(known_headers[i].name, known_headers[i].len));
         for (i = 0; i < KNOWN_N(known_methods); i++)
             known_methods[i].value = reg(bb_fstring(known_methods[i].name, (long)known_methods[i].len));
     }

@@ -186,7 +186,7 @@ static VALUE native_defer_accept(VALUE self, VALUE fd, VALUE secs)
 }
 
 /*
- * Native.sched_batch -> true | false | nil: puts the calling thread (a worker's main thread, before
+ * Native.sched_batch -> true | nil: puts the calling thread (a worker's main thread, before
  * the app starts any) under SCHED_BATCH. A woken batch task does not preempt the task running on
  * its CPU, so a worker woken by a new connection lets the load balancer, nginx or a load generator
  * on that CPU finish its turn and then finds several connections queued instead of one: fewer

@@ -130,6 +130,18 @@ module BlackbuckBench
       NGINX
     end
 
+    # exe/ by path: the same binstub as `bundle exec blackbuck`, but it does not need the
+    # project gem's executables registered by a fresh `bundle install`.
+    def self.blackbuck_command(ctx, *flags)
+      { argv: ["bundle", "exec", "exe/blackbuck", "-w", ctx.workers.to_s, *flags, "-l", ctx.tcp,
+               "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
+    end
+
+    def self.unicorn_command(ctx, *prefix)
+      conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
+      { argv: [*prefix, "unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
+    end
+
     ALL = [
       Recipe.new(
         name: "blackbuck",
@@ -138,12 +150,7 @@ module BlackbuckBench
         worker_re: /\Ablackbuck worker/,
         ready_re: /worker \d+ .*ready/,
         bundled: true
-      ) do |ctx|
-        # exe/ by path: the same binstub as `bundle exec blackbuck`, but it does not need the
-        # project gem's executables registered by a fresh `bundle install`.
-        { argv: ["bundle", "exec", "exe/blackbuck", "-w", ctx.workers.to_s, "-l", ctx.tcp,
-                 "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
-      end,
+      ) { |ctx| blackbuck_command(ctx) },
       Recipe.new(
         name: "blackbuck-normal-sched",
         summary: "blackbuck as above with --no-sched-batch: workers as normal tasks, to show what sched_batch adds",
@@ -152,20 +159,14 @@ module BlackbuckBench
         ready_re: /worker \d+ .*ready/,
         bundled: true,
         variant: true
-      ) do |ctx|
-        { argv: ["bundle", "exec", "exe/blackbuck", "-w", ctx.workers.to_s, "--no-sched-batch", "-l", ctx.tcp,
-                 "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
-      end,
+      ) { |ctx| blackbuck_command(ctx, "--no-sched-batch") },
       Recipe.new(
         name: "unicorn",
         summary: "Debian unicorn, worker_processes N, preload_app, -E none (no keep-alive by design)",
         executable: -> { which("unicorn") },
         worker_re: /unicorn.*worker\[\d+\]/,
         ready_re: /worker=\d+ ready/
-      ) do |ctx|
-        conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
-        { argv: ["unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
-      end,
+      ) { |ctx| unicorn_command(ctx) },
       Recipe.new(
         name: "unicorn-batch",
         summary: "unicorn as above, started under `chrt -b 0` (SCHED_BATCH, like blackbuck's workers): like for like",
@@ -173,10 +174,7 @@ module BlackbuckBench
         worker_re: /unicorn.*worker\[\d+\]/,
         ready_re: /worker=\d+ ready/,
         variant: true
-      ) do |ctx|
-        conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
-        { argv: ["chrt", "-b", "0", "unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
-      end,
+      ) { |ctx| unicorn_command(ctx, "chrt", "-b", "0") },
       Recipe.new(
         name: "puma",
         summary: "Debian puma, workers N, threads 1:1, preload_app!, environment none",
