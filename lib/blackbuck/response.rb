@@ -72,10 +72,8 @@ module Blackbuck
       end
 
       conn.no_keepalive! if @worker.stopping?
-      if body.is_a?(Array)
-        mode = conn.write_response(status, headers, body, false)
-      elsif body.respond_to?(:to_ary)
-        mode = conn.write_response(status, headers, body.to_ary, false)
+      if (parts = array_parts(body))
+        mode = conn.write_response(status, headers, parts, false)
       else
         mode = conn.write_response(status, headers, nil, false)
         if mode >= Native::Conn::STREAM_CHUNKED
@@ -102,6 +100,16 @@ module Blackbuck
       end
       @logger.exception("invalid response", e)
       answer_error(conn, 500, hooks)
+    end
+
+    # The body as an Array when it is one or converts to one. `to_ary` may answer nil, Ruby's
+    # "not convertible" (Rails 6.1's response body does): such a body is streamed with `each`.
+    def array_parts(body)
+      return body if body.is_a?(Array)
+      return nil unless body.respond_to?(:to_ary)
+
+      parts = body.to_ary
+      parts.is_a?(Array) ? parts : nil
     end
 
     def stream(conn, body, chunked)

@@ -12,6 +12,11 @@ class EachBody
   def close = (File.write(ENV["BB_CLOSE_MARK"], "closed") if ENV["BB_CLOSE_MARK"])
 end
 
+# Rails 6.1's response body: `to_ary` exists but answers nil ("not convertible").
+class NilToAryBody < EachBody
+  def to_ary = nil
+end
+
 run lambda { |env|
   path = env["PATH_INFO"]
   case path
@@ -29,6 +34,7 @@ run lambda { |env|
       raise "boom in the middle of the body"
     end
     [200, { "content-type" => "text/plain" }, body]
+  when "/nil-to-ary" then [302, { "location" => "/hello" }, NilToAryBody.new(%w[moved here])]
   when "/each-length" then [200, { "Content-Length" => "6" }, EachBody.new(%w[a bb ccc])]
   when "/callable"
     [200, {}, ->(stream) { stream.write("streamed "); stream.write("body"); stream.close }]

@@ -53,6 +53,18 @@ class HTTPTest < ServerTest
     io&.close
   end
 
+  # Rails 6.1's body defines to_ary returning nil: it must be streamed with each, not taken
+  # for an empty Array (the head went out and the body never did).
+  def test_body_whose_to_ary_answers_nil_is_streamed
+    io = @server.tcp
+    res = Timeout.timeout(3) { request(io, "GET", "/nil-to-ary") }
+    assert_equal 302, res.status
+    assert_equal "movedhere", res.body
+    assert_equal 200, request(io, "GET", "/hello").status, "keep-alive after it"
+  ensure
+    io&.close
+  end
+
   def test_app_content_length_is_passed_through_case_insensitively
     io = @server.tcp
     res = request(io, "GET", "/each-length")
