@@ -11,11 +11,14 @@ Gem::Specification.new do |s|
   s.authors     = ["Blackbuck developers"]
   s.license     = "MIT"
   s.required_ruby_version = ">= 3.1"
+  # Sources only: nothing that `rake compile` or an extconf run generates (*.so, loadgen/build/,
+  # loadgen/blackbuck-load, loadgen/gem.mk) matches these patterns.
   s.files       = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "loadgen/**/*.{c,h}", "loadgen/Makefile",
-                      "exe/*", "docs/*.md", "README.md", "demo/*"]
+                      "loadgen/extconf.rb", "exe/*", "docs/*.md", "README.md", "demo/*"]
   s.bindir      = "exe"
   s.executables = %w[blackbuck blackbuck-load]
-  s.extensions  = ["ext/blackbuck/extconf.rb"]
+  # The C engine, and blackbuck-load (a C program that exe/blackbuck-load runs; see loadgen/extconf.rb).
+  s.extensions  = ["ext/blackbuck/extconf.rb", "loadgen/extconf.rb"]
   s.require_paths = ["lib"]
   s.add_dependency "rack", ">= 2.2", "< 4"
 end
