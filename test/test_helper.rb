@@ -18,7 +18,7 @@ class ChildProcess
 
   def initialize(cmd, log_path:, env: {}, chdir: nil)
     @log_path = log_path
-    opts = { out: log_path, err: log_path, pgroup: true }
+    opts = { out: log_path, err: %i[child out], pgroup: true } # one open file: lines never overwrite each other
     opts[:chdir] = chdir if chdir
     @pid = Process.spawn(env, *cmd, **opts)
   end

@@ -18,7 +18,7 @@ class HandlerTest < ServerTest
     log = "#{dir}/rackup.log"
     pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-O", "Path=#{sock}", "-O", "MaxWorkers=2",
                         "-O", "MaxRequestPerChild=100", "-O", "Timeout=30", File.join(APPS, "kitchen.ru"),
-                        out: log, err: log, pgroup: true)
+                        out: log, err: %i[child out], pgroup: true)
     Timeout.timeout(20) { sleep 0.05 until File.read(log).scan(/worker \d \(pid \d+\) ready/).size == 2 }
     io = UNIXSocket.new(sock)
     assert_equal "hello world\n", request(io, "GET", "/hello").body
@@ -40,7 +40,7 @@ class HandlerTest < ServerTest
     dir = Dir.mktmpdir("bb-test")
     log = "#{dir}/rackup.log"
     pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-o", "127.0.0.1", "-p", port.to_s,
-                        "-O", "workers=1", File.join(APPS, "kitchen.ru"), out: log, err: log, pgroup: true)
+                        "-O", "workers=1", File.join(APPS, "kitchen.ru"), out: log, err: %i[child out], pgroup: true)
     Timeout.timeout(20) { sleep 0.05 until File.read(log).include?("worker 0 (pid") }
     io = TCPSocket.new("127.0.0.1", port)
     assert_equal 200, request(io, "GET", "/hello").status

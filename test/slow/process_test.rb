@@ -121,7 +121,7 @@ class ProcessLifecycleTest < ServerTest
     dir = Dir.mktmpdir("bb-test")
     log = "#{dir}/log"
     script = "LISTEN_PID=$$ LISTEN_FDS=1 exec #{RbConfig.ruby} #{EXE} -w 1 #{APPS}/hello.ru"
-    pid = Process.spawn("sh", "-c", script, 3 => sock, out: log, err: log, pgroup: true)
+    pid = Process.spawn("sh", "-c", script, 3 => sock, out: log, err: %i[child out], pgroup: true)
     Timeout.timeout(15) { sleep 0.05 until File.read(log).include?("ready") }
     assert_includes File.read(log), "listening on http://127.0.0.1:#{port} (inherited)"
     io = TCPSocket.new("127.0.0.1", port)
@@ -135,7 +135,7 @@ class ProcessLifecycleTest < ServerTest
     usock = UNIXServer.new("#{dir}/ss.sock")
     env = { "SERVER_STARTER_PORT" => "127.0.0.1:#{port}=3;#{dir}/ss.sock=4" }
     pid = Process.spawn(env, RbConfig.ruby, EXE, "-w", "1", "#{APPS}/hello.ru", 3 => sock, 4 => usock,
-                        out: log, err: log, pgroup: true)
+                        out: log, err: %i[child out], pgroup: true)
     Timeout.timeout(15) { sleep 0.05 until File.exist?(log) && File.read(log).include?("ready") }
     io = UNIXSocket.new("#{dir}/ss.sock")
     assert_equal 200, request(io, "GET", "/").status
