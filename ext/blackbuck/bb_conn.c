@@ -13,7 +13,8 @@
  *                    | STREAM_CHUNKED / STREAM_RAW (head sent or queued, caller writes the body)
  *                    | WRITE_FAILED
  *   write_part / finish_body (streaming), write_continue, write_hints, flush,
- *   write_error(status), close, detach
+ *   write_error(status)
+ *   shutdown_write -> true (linger: discard_input until EOF) | false (close now); close; detach (hijack)
  *
  * Output the client does not take at once is queued, in order: in memory up to response_buffer
  * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
@@ -28,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #ifdef HAVE_SYS_SENDFILE_H
@@ -48,6 +50,11 @@
 #define BB_SPILL_COPY_CHUNK (64 * 1024)
 /* An error answer waits at most this long for a client that is not reading (it is then closed anyway). */
 #define BB_ERROR_WRITE_WAIT_MS 100
+/* Bytes a lingering connection's input is read in (and discarded) per read(2). */
+#define BB_LINGER_READ_CHUNK (64 * 1024)
+/* Bytes discarded per discard_input call at most, so one flooding client cannot keep the worker
+ * reading: the event loop comes back to it. */
+#define BB_LINGER_READ_MAX (1024 * 1024)
 
 enum { BODY_NONE = 0, BODY_LENGTH = 1, BODY_CHUNKED = 2 };
 enum { WRITE_DONE = 0, WRITE_PENDING = 1, STREAM_CHUNKED = 2, STREAM_RAW = 3, WRITE_FAILED = -1 };
@@ -66,7 +73,8 @@ struct conn {
     int expect_continue;
     int body_mode;
     int body_done;
-    int lingering; /* an error was answered: half-close and drain before close */
+    int client_close;  /* the request asked to close after its response (HTTP/1.1 close, HTTP/1.0 without keep-alive) */
+    int must_linger;   /* an error was answered: the client may still be sending (see shutdown_write) */
     int watched;   /* the event mask it is registered with in the worker's poller; 0 = not registered */
     int64_t content_length;
     int64_t body_left;
@@ -414,6 +422,7 @@ static VALUE conn_parse(VALUE self)
     c->minor = req.minor_version;
     c->keepalive = req.minor_version ? !(req.flags & BB_F_CONN_CLOSE)
                                      : ((req.flags & BB_F_CONN_KEEPALIVE) && !(req.flags & BB_F_CONN_CLOSE));
+    c->client_close = !c->keepalive;
     c->head_only = req.method_len == 4 && memcmp(req.method, "HEAD", 4) == 0;
     c->expect_continue = (req.flags & BB_F_EXPECT_CONTINUE) && req.minor_version == 1;
     c->content_length = req.content_length;
@@ -1024,7 +1033,7 @@ static VALUE conn_write_error(VALUE self, VALUE vstatus)
     struct iovec iov[4];
     int n;
     c->keepalive = 0;
-    c->lingering = 1;
+    c->must_linger = 1;
     if (c->fd < 0) return Qfalse;
     /* reason phrase: the status line after "HTTP/1.1 NNN " without CRLF */
     rl = sl > 15 ? sl - 15 : 0;
@@ -1065,19 +1074,55 @@ static VALUE conn_write_continue(VALUE self)
     return out_write(c, &iov, 1) != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
-/* close: after an error answer, half-close and drain what the client already sent so the
- * kernel does not reset the connection (and destroy the answer) because of unread bytes. */
+/*
+ * shutdown_write -> true | false: the first stage of closing a connection whose output is all sent
+ * (RFC 9112 9.6). Closing a socket that has unread input, or that receives input afterwards, makes
+ * the kernel answer with a reset, and a reset can destroy responses the client has not read yet
+ * (a pipelined burst cut by max_keepalive_requests, a body the server refused). So the write side is
+ * shut (the client sees the end of the responses) and, when the client may still be sending, the
+ * caller keeps the connection and discards its input (discard_input) until the client closes too or
+ * a deadline passes: true. False when the client asked to close and nothing of it is unread: the
+ * caller may close at once. Queued output is dropped (only failure paths close with output queued).
+ */
+static VALUE conn_shutdown_write(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    int unread = 0;
+    if (c->fd < 0) return Qfalse;
+    out_discard(c);
+    if (c->client_close && !c->must_linger && c->len == c->off && ioctl(c->fd, FIONREAD, &unread) == 0 && unread == 0)
+        return Qfalse;
+    shutdown(c->fd, SHUT_WR);
+    c->off = c->len = 0;
+    return Qtrue;
+}
+
+/* discard_input -> true when the client has closed (EOF) or failed, false while it may send more:
+ * reads and drops what has arrived, at most BB_LINGER_READ_MAX bytes per call. */
+static VALUE conn_discard_input(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    static char junk[BB_LINGER_READ_CHUNK];
+    size_t total = 0;
+    if (c->fd < 0) return Qtrue;
+    while (total < BB_LINGER_READ_MAX) {
+        ssize_t n = read(c->fd, junk, sizeof(junk));
+        if (n > 0) {
+            total += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Qfalse;
+        return Qtrue; /* EOF, or a reset */
+    }
+    return Qfalse;
+}
+
+/* close: at once (the client is gone, or a staged close is over). */
 static VALUE conn_close(VALUE self)
 {
     struct conn *c = get_conn(self);
     if (c->fd < 0) return Qnil;
-    if (c->lingering) {
-        char junk[4096];
-        int i;
-        shutdown(c->fd, SHUT_WR);
-        for (i = 0; i < 16 && read(c->fd, junk, sizeof(junk)) > 0; i++)
-            ;
-    }
     close(c->fd);
     c->fd = -1;
     out_discard(c);
@@ -1112,6 +1157,7 @@ static VALUE conn_next(VALUE self)
     c->body_done = 1;
     c->expect_continue = 0;
     c->head_only = 0;
+    c->client_close = 0;
     c->spill_failed = 0;
     return self;
 }
@@ -1199,6 +1245,8 @@ void bb_init_conn(void)
     rb_define_method(cConn, "write_continue", conn_write_continue, 0);
     rb_define_method(cConn, "write_hints", conn_write_hints, 1);
     rb_define_method(cConn, "close", conn_close, 0);
+    rb_define_method(cConn, "shutdown_write", conn_shutdown_write, 0);
+    rb_define_method(cConn, "discard_input", conn_discard_input, 0);
     rb_define_method(cConn, "detach", conn_detach, 0);
     rb_define_method(cConn, "next_request!", conn_next, 0);
     rb_define_method(cConn, "no_keepalive!", conn_no_keepalive, 0);

@@ -51,11 +51,11 @@ module Blackbuck
     end
 
     # Answers a bad request with its status and closes the connection, so nothing the client
-    # sent after it is ever executed.
+    # sent after it is ever executed (in stages, so the client can read the answer).
     def reject(conn, status)
-      conn.write_error(status)
+      answered = conn.write_error(status)
       discard_sink(conn)
-      @worker.drop(conn)
+      answered ? @worker.close(conn) : @worker.drop(conn)
     end
 
     private

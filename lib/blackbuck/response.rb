@@ -48,7 +48,7 @@ module Blackbuck
       error = e
       @logger.exception("request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
       @worker.retire("a request timed out")
-      @worker.drop(conn)
+      @worker.close(conn) # the response is cut short: the client sees it end early
       :closed
     ensure
       close_body(body)
@@ -95,7 +95,7 @@ module Blackbuck
       # truncated body, never a second response spliced into the first.
       if streaming
         @logger.exception("body failed after the head was sent, connection closed: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-        @worker.drop(conn)
+        @worker.close(conn)
         return :closed
       end
       @logger.exception("invalid response", e)
@@ -129,8 +129,11 @@ module Blackbuck
     def answer_error(conn, status, hooks)
       return :hijacked if hooks.hijacked?
 
-      conn.write_error(status) unless conn.closed?
-      @worker.drop(conn)
+      if !conn.closed? && conn.write_error(status)
+        @worker.close(conn)
+      else
+        @worker.drop(conn)
+      end
       :closed
     end
 
@@ -187,11 +190,11 @@ module Blackbuck
 
       def hijacked? = @hijacked
 
-      # rack.hijack: the app takes the socket; the worker forgets it.
+      # rack.hijack: the app takes the socket; the worker no longer tracks it.
       def call
         return @io if @hijacked
 
-        @worker.release(@conn)
+        @worker.hand_over(@conn)
         fd = @conn.detach
         @io = @conn.tcp? ? TCPSocket.for_fd(fd) : UNIXSocket.for_fd(fd)
         @io.autoclose = true

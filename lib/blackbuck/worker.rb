@@ -17,14 +17,19 @@ module Blackbuck
     IDLE = 0  # keep-alive, no byte of the next request yet
     HEAD = 1  # part of a request head received
     BODY = 2  # reading the request body
-    WRITE = 3 # response bytes waiting for the client
-    BUSY = 4  # its request is in the app
+    WRITE = 3  # response bytes waiting for the client
+    BUSY = 4   # its request is in the app
+    LINGER = 5 # closing in stages: write side shut, input discarded until the client closes
 
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn
     TICK_SECONDS = 0.5   # timeouts, scoreboard heartbeat and process title at most this often
     STOP_IDLE_DRAIN = 1  # seconds a stopping worker still answers idle keep-alive connections
                          # (with "Connection: close"), so a request racing the stop is served
+    LINGER_SECONDS = 2   # seconds a staged close waits for the client to close its side
+                         # (RFC 9112 9.6; see #close and Conn#shutdown_write)
+    STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
+    FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
 
     IN = Native::Poller::IN
     OUT = Native::Poller::OUT
@@ -45,6 +50,8 @@ module Blackbuck
       @ready = []
       @served = 0
       @stopping = false
+      @stop_signals = 0      # TERM/INT/QUIT received (counted in the trap)
+      @stop_signals_seen = 0 # ... and acted on by #tick
       @exit = false
       @in_app = false
       @gc_pending = false
@@ -101,8 +108,7 @@ module Blackbuck
       @served += 1
       @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
       begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
-      return forget(conn) if mode == :hijacked
-      return if mode == :closed
+      return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
       if conn.pending_output?
         conn.state = WRITE
@@ -113,20 +119,36 @@ module Blackbuck
       end
     end
 
-    # Request/Response report a client that must be dropped (after an error answer, or gone).
+    # The worker is done with a connection whose output is all sent (or that it answered with an
+    # error): a staged close. Its write side is shut, and a client that may still be sending keeps
+    # the connection, its input read and discarded, until it closes too or LINGER_SECONDS pass: a
+    # socket closed with unread input is reset by the kernel, and a reset can destroy responses the
+    # client has not read yet (RFC 9112 9.6).
+    def close(conn)
+      return drop(conn) unless conn.shutdown_write
+
+      conn.state = LINGER
+      conn.deadline = now + LINGER_SECONDS
+      watch(conn, IN)
+    end
+
+    # The client is gone (end of input, a reset, it stopped reading) or a staged close is over:
+    # close at once.
     def drop(conn)
-      forget(conn)
+      untrack(conn)
       conn.close
+    end
+
+    # rack.hijack: the app takes the socket. The worker stops watching and tracking it, so a
+    # hijacked connection (a WebSocket) never counts as work in flight when the worker stops.
+    def hand_over(conn)
+      @poller.delete(conn.fd) if conn.polled?
+      conn.watched = 0
+      untrack(conn)
     end
 
     # Finish what is in flight, then exit (the master starts a replacement).
     def retire(why) = begin_graceful_stop(why)
-
-    # A full rack.hijack: the app owns the socket now.
-    def release(conn)
-      @poller.delete(conn.fd) if conn.polled?
-      conn.watched = 0
-    end
 
     # Output was queued while the request is still being read (a 100 Continue the client did
     # not take): send it when the socket becomes writable.
@@ -135,7 +157,8 @@ module Blackbuck
     private
 
     def install_traps
-      %i[TERM INT QUIT].each { |sig| trap(sig) { @stopping_signal = true } }
+      # A second one forces the stop (Ctrl-C reaches the master and its workers alike).
+      %i[TERM INT QUIT].each { |sig| trap(sig) { @stop_signals += 1 } }
       trap(:USR1) { @reopen_logs = true }
       # The master's request-timeout notice: interrupt the app where it is.
       trap(:USR2) { raise RequestTimeout, "request ran longer than #{@config[:timeout]}s" if @in_app }
@@ -165,7 +188,7 @@ module Blackbuck
           end
         end
         serve_ready unless @ready.empty?
-        tick if @stopping_signal || @reopen_logs || now >= @next_tick
+        tick if @stop_signals > @stop_signals_seen || @reopen_logs || now >= @next_tick
       end
     end
 
@@ -212,8 +235,9 @@ module Blackbuck
     end
 
     def on_event(conn, ev)
-      if conn.state == WRITE
-        flush(conn)
+      case conn.state
+      when WRITE then flush(conn)
+      when LINGER then drop(conn) if conn.discard_input
       else
         flush_interim(conn) if ev & OUT != 0
         on_readable(conn) if ev & (IN | ERR) != 0 && !conn.closed?
@@ -249,7 +273,7 @@ module Blackbuck
     # The response is out: keep the connection for the next request, or close it.
     def finish_response(conn)
       conn.next_request!
-      return drop(conn) if !conn.keepalive? || @stopping
+      return close(conn) if !conn.keepalive? || @stopping
 
       conn.state = IDLE
       conn.deadline = now + @keepalive_timeout
@@ -267,7 +291,7 @@ module Blackbuck
     def serve_ready
       batch = @ready
       @ready = []
-      batch.each { |conn| @request.advance(conn) if @conns[conn.fd].equal?(conn) && !conn.closed? }
+      batch.each { |conn| @request.advance(conn) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
     end
 
     def watch(conn, mask)
@@ -281,7 +305,7 @@ module Blackbuck
       conn.watched = mask
     end
 
-    def forget(conn)
+    def untrack(conn)
       @conns.delete(conn.fd)
       resume_accepting if @paused
     end
@@ -290,9 +314,14 @@ module Blackbuck
       msg = @control.read_nonblock(64, exception: false)
       return if msg == :wait_readable
 
-      # EOF: the master is gone. Either way, stop gracefully.
-      begin_graceful_stop(msg.nil? ? "master exited" : "asked by master")
-      @poller.delete(@control.fileno)
+      if msg.nil? # the master is gone
+        @poller.delete(@control.fileno)
+        begin_graceful_stop("master exited")
+      elsif msg.include?(FORCE_MESSAGE)
+        force_stop("forced by master")
+      else
+        begin_graceful_stop("asked by master")
+      end
     end
 
     def begin_graceful_stop(why)
@@ -308,6 +337,16 @@ module Blackbuck
       @exit = true if @conns.empty?
     end
 
+    # A second stop request: every connection is closed now (slow readers lose what they have not
+    # taken, idle ones are not drained) and the worker exits. A request in the app is not
+    # interrupted: this runs between requests.
+    def force_stop(why)
+      begin_graceful_stop(why)
+      @logger.info("worker #{@index} (pid #{Process.pid}) forcing the stop: closing #{@conns.size} connections")
+      @conns.values.each { |c| drop(c) }
+      @exit = true
+    end
+
     def tick
       t = now
       @next_tick = t + TICK_SECONDS
@@ -315,9 +354,9 @@ module Blackbuck
         @reopen_logs = false
         @logger.reopen
       end
-      if @stopping_signal
-        @stopping_signal = false
-        begin_graceful_stop("signal")
+      if @stop_signals > @stop_signals_seen
+        @stop_signals_seen = @stop_signals
+        @stop_signals >= 2 ? force_stop("signal again") : begin_graceful_stop("signal")
       end
       expire(t)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
@@ -327,13 +366,14 @@ module Blackbuck
       @exit = true if @stopping && (@conns.empty? || t >= @stop_deadline)
     end
 
-    # Connections past their deadline: idle ones close quietly, half-received requests get
-    # 408, clients that stopped reading are dropped.
+    # Connections past their deadline: idle ones close (in stages), half-received requests get
+    # 408, clients that stopped reading are dropped, and so are staged closes that are over.
     def expire(t)
       @conns.values.each do |c|
         if c.deadline <= t
           case c.state
           when HEAD, BODY then @request.reject(c, 408)
+          when IDLE then close(c)
           else drop(c)
           end
         elsif @request.too_slow?(c, t)
