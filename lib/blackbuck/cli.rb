@@ -67,6 +67,8 @@ module Blackbuck
         o.on("-p", "--port PORT", "port to bind when no --listen is given (default $PORT or 9292)", &set(:port))
         o.on("--backlog N", "listen queue length (default 1024)", &set(:backlog))
         o.on("--unix-socket-mode MODE", "file mode of UNIX sockets, e.g. 0660", &set(:unix_socket_mode))
+        o.on("--unix-socket-group GROUP", "group of UNIX sockets, a name or gid (e.g. www-data for nginx)",
+             &set(:unix_socket_group))
         o.separator ""
         o.separator "Processes:"
         o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count)", &set(:workers))
