@@ -20,9 +20,9 @@ module Blackbuck
 
     def run
       case @argv.first
-      when "status" # `blackbuck status [--json] ADDR`: a client of --stats-listen, not a server
+      when "status" # `blackbuck status [--json] [-c FILE] [ADDR]`: a client of --stats-listen, not a server
         require_relative "status_client"
-        return StatusClient.new(@argv.drop(1), out: @out, err: @err).run
+        return StatusClient.new(@argv.drop(1), env: @env, out: @out, err: @err).run
       end
       argv = @argv.dup
       parser = option_parser
@@ -59,6 +59,12 @@ module Blackbuck
     def option_parser
       OptionParser.new do |o|
         o.banner = "Usage: blackbuck [options] [RACKUP_FILE (default: config.ru)]"
+        o.separator ""
+        o.separator "Commands:"
+        o.separator "    blackbuck status [--json] [-c FILE] [ADDR]"
+        o.separator "                                     a running master's workers, requests and queues from its"
+        o.separator "                                     --stats-listen ADDR (default: stats_listen of FILE, else"
+        o.separator "                                     $BLACKBUCK_STATS); blackbuck status --help for more"
         o.separator ""
         o.separator "Listening:"
         o.on("-l", "--listen ADDR", "HOST:PORT, :PORT, PORT, [::1]:PORT, /path.sock or unix:/path.sock (repeatable)",

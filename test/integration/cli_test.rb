@@ -22,9 +22,11 @@ class CLITest < ServerTest
     assert_match(/\Ablackbuck \d+\.\d+\.\d+\n\z/, out)
     out, _err, status = run_cli("-h")
     assert status.success?
-    %w[--listen --workers --backlog --config --max-requests-per-child --timeout --keepalive-timeout --max-body].each do |o|
+    %w[--listen --workers --backlog --config --max-requests-per-child --timeout --keepalive-timeout --max-body
+       --unix-socket-mode --unix-socket-group].each do |o|
       assert_includes out, o
     end
+    assert_match(/^Commands:\n +blackbuck status \[--json\] \[-c FILE\] \[ADDR\]\n.*\$BLACKBUCK_STATS/m, out)
   end
 
   def test_unknown_option
