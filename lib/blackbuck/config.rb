@@ -155,7 +155,9 @@ module Blackbuck
     def group(key, value)
       name = value.to_s
       return int(key, name, 0, 0xFFFF_FFFE) if name.match?(/\A\d+\z/)
-      raise ConfigError, "#{key} must be a group name or a numeric gid, got #{value.inspect}" unless value.is_a?(String) && !name.empty?
+      unless value.is_a?(String) && !name.empty?
+        raise ConfigError, "#{key} must be a group name or a numeric gid, got #{value.inspect}"
+      end
 
       Etc.getgrnam(name).gid
     rescue ArgumentError # Etc: "can't find group for NAME"

@@ -136,7 +136,8 @@ module Blackbuck
       rescue ArgumentError
         gid.to_s
       end
-      raise ConfigError, "unix_socket_group: cannot give unix:#{path} to group #{name}: #{e.message.sub(/ @ .*/, '')} " \
+      why = e.message.sub(/ @ .*/, "")
+      raise ConfigError, "unix_socket_group: cannot give unix:#{path} to group #{name}: #{why} " \
                          "(the server must run as root or as a member of #{name})"
     end
 

@@ -74,7 +74,8 @@ module Blackbuck
       return addr unless addr.empty?
 
       missing = @config_file ? "#{@config_file} sets no stats_listen and $#{ENV_ADDR} is not set" : "no address"
-      raise UsageError, "#{missing}: give ADDR, -c FILE with stats_listen, or set #{ENV_ADDR} (e.g. #{ENV_ADDR}=127.0.0.1:9393)"
+      raise UsageError, "#{missing}: give ADDR, -c FILE with stats_listen, or set #{ENV_ADDR} " \
+                        "(e.g. #{ENV_ADDR}=127.0.0.1:9393)"
     end
 
     # [the JSON text, its Hash]; raises NotStatusListener for any other answer.

@@ -71,7 +71,8 @@ class UnixSocketGroupTest < ServerTest
 
   def stop_nginx
     @nginx&.stop
-    warn "\n--- nginx error log ---\n#{File.read("#{@ngx}/error.log")}--- end ---" if @ngx && !passed? && File.exist?("#{@ngx}/error.log")
+    log = "#{@ngx}/error.log" if @ngx
+    warn "\n--- nginx error log ---\n#{File.read(log)}--- end ---" if log && !passed? && File.exist?(log)
     FileUtils.rm_rf(@ngx) if @ngx
   end
 
