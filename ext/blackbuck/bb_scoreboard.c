@@ -2,7 +2,11 @@
  * bb_scoreboard.c - Blackbuck::Native::Scoreboard: one fixed-size slot per worker in
  * anonymous shared memory, mapped by the master before forking. A worker writes only its
  * own slot; the master reads all of them (timeouts, status). Plain stores: a reader may
- * see a slot mid-update, which costs at most one stale sample.
+ * see a slot mid-update, which costs at most one stale sample. The request count is the
+ * exception: it feeds a counter that must never go backwards (RequestCounts adds a reaped
+ * worker's final count; /metrics), so it is stored and loaded whole (atomically, also where a
+ * 64-bit access takes two instructions). The slot outlives its worker: the master reads the
+ * final count after reaping it, before the next worker's reset.
  */
 #include "bb_ext.h"
 
@@ -16,7 +20,7 @@
 struct sb_slot {
     int32_t pid;
     int32_t state;        /* Blackbuck::Native::Scoreboard::IDLE/BUSY/STOPPING (lib/blackbuck/scoreboard.rb) */
-    uint64_t requests;    /* requests served by this worker */
+    uint64_t requests;    /* requests served by this worker; atomic loads and stores only */
     int64_t started_ms;   /* CLOCK_MONOTONIC ms when the current request started; 0 when idle */
     int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
     int32_t connections;  /* open client connections */
@@ -89,9 +93,11 @@ static VALUE sb_size(VALUE self)
 static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
 {
     struct sb_slot *s = slot(self, idx);
+    int32_t p = NUM2INT(pid);
     memset(s, 0, sizeof(*s));
-    s->pid = NUM2INT(pid);
     s->heartbeat_ms = now_ms();
+    /* release: a reader that sees the new pid sees the zeroed count, not the predecessor's */
+    __atomic_store_n(&s->pid, p, __ATOMIC_RELEASE);
     return Qnil;
 }
 
@@ -119,7 +125,8 @@ static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path)
 static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
 {
     struct sb_slot *s = slot(self, idx);
-    s->requests++;
+    /* only this worker writes it: load + store is an increment no reader sees torn */
+    __atomic_store_n(&s->requests, __atomic_load_n(&s->requests, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
     s->started_ms = 0;
     s->state = NUM2INT(state);
     return Qnil;
@@ -144,7 +151,10 @@ static VALUE sb_read(VALUE self, VALUE idx)
     struct sb_slot c;
     int64_t now = now_ms();
     VALUE a;
+    int32_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
     memcpy(&c, s, sizeof(c));
+    c.pid = pid;
+    c.requests = __atomic_load_n(&s->requests, __ATOMIC_RELAXED);
     c.method[SB_METHOD_MAX - 1] = 0;
     c.path[SB_PATH_MAX - 1] = 0;
     a = rb_ary_new_capa(9);

@@ -20,9 +20,9 @@ module Blackbuck
 
     def run
       case @argv.first
-      when "status" # `blackbuck status [--json] ADDR`: a client of --stats-listen, not a server
+      when "status" # `blackbuck status [--json] [-c FILE] [ADDR]`: a client of --stats-listen, not a server
         require_relative "status_client"
-        return StatusClient.new(@argv.drop(1), out: @out, err: @err).run
+        return StatusClient.new(@argv.drop(1), env: @env, out: @out, err: @err).run
       end
       argv = @argv.dup
       parser = option_parser
@@ -60,6 +60,12 @@ module Blackbuck
       OptionParser.new do |o|
         o.banner = "Usage: blackbuck [options] [RACKUP_FILE (default: config.ru)]"
         o.separator ""
+        o.separator "Commands:"
+        o.separator "    blackbuck status [--json] [-c FILE] [ADDR]"
+        o.separator "                                     a running master's workers, requests and queues from its"
+        o.separator "                                     --stats-listen ADDR (default: stats_listen of FILE, else"
+        o.separator "                                     $BLACKBUCK_STATS); blackbuck status --help for more"
+        o.separator ""
         o.separator "Listening:"
         o.on("-l", "--listen ADDR", "HOST:PORT, :PORT, PORT, [::1]:PORT, /path.sock or unix:/path.sock (repeatable)",
              &set(:listen_one))
@@ -67,6 +73,8 @@ module Blackbuck
         o.on("-p", "--port PORT", "port to bind when no --listen is given (default $PORT or 9292)", &set(:port))
         o.on("--backlog N", "listen queue length (default 1024)", &set(:backlog))
         o.on("--unix-socket-mode MODE", "file mode of UNIX sockets, e.g. 0660", &set(:unix_socket_mode))
+        o.on("--unix-socket-group GROUP", "group of UNIX sockets, a name or gid (e.g. www-data for nginx)",
+             &set(:unix_socket_group))
         o.separator ""
         o.separator "Processes:"
         o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count)", &set(:workers))

@@ -17,6 +17,7 @@ module Blackbuck
       port: nil,                      # nil -> $PORT, else 9292
       backlog: 1024,                  # listen(2) queue length
       unix_socket_mode: nil,          # e.g. 0o660; nil keeps the umask's
+      unix_socket_group: nil,         # gid (set from a group name or number); nil keeps the process's group
       workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count
       rackup: "config.ru",
       environment: nil,               # nil -> $RACK_ENV, else "development"
@@ -77,6 +78,7 @@ module Blackbuck
       when :port then @values[key] = int(key, value, 0, 65_535)
       when :keepalive, :oob_gc_auto, :sched_batch then @values[key] = bool(key, value)
       when :unix_socket_mode then @values[key] = mode(key, value)
+      when :unix_socket_group then @values[key] = group(key, value)
       when :workers then @values[key] = int(key, value, 1, 4096)
       when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
         @values[key] = seconds(key, value)
@@ -147,6 +149,19 @@ module Blackbuck
       n
     rescue ArgumentError, TypeError
       raise ConfigError, "#{key} must be an octal file mode such as 0660, got #{value.inspect}"
+    end
+
+    # A group name ("www-data") or a numeric gid -> the gid.
+    def group(key, value)
+      name = value.to_s
+      return int(key, name, 0, 0xFFFF_FFFE) if name.match?(/\A\d+\z/)
+      unless value.is_a?(String) && !name.empty?
+        raise ConfigError, "#{key} must be a group name or a numeric gid, got #{value.inspect}"
+      end
+
+      Etc.getgrnam(name).gid
+    rescue ArgumentError # Etc: "can't find group for NAME"
+      raise ConfigError, "#{key}: no group named #{name.inspect}"
     end
 
     def hook(key, value)

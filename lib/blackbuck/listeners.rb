@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "etc"
 require "socket"
 require_relative "errors"
 
@@ -79,9 +80,9 @@ module Blackbuck
       n
     end
 
-    def bind(addr, backlog:, unix_mode: nil)
+    def bind(addr, backlog:, unix_mode: nil, unix_group: nil)
       kind, host, where = parse(addr)
-      kind == :unix ? bind_unix(where, backlog, unix_mode) : bind_tcp(host, where, backlog)
+      kind == :unix ? bind_unix(where, backlog, unix_mode, unix_group) : bind_tcp(host, where, backlog)
     end
 
     def bind_tcp(host, port, backlog)
@@ -103,18 +104,41 @@ module Blackbuck
       raise ConfigError, "cannot listen on #{host}:#{port}: #{e.message}"
     end
 
-    def bind_unix(path, backlog, mode)
+    # Mode and group are set between bind and listen: until listen(2) every connect is refused,
+    # so no client (nginx) ever meets the socket with a mode or group other than the ones asked
+    # for. On any error the file we bound is removed again.
+    def bind_unix(path, backlog, mode, group = nil)
       remove_stale_socket(path)
       sock = Socket.new(:UNIX, :STREAM, 0)
       sock.bind(Socket.sockaddr_un(path))
+      bound = true
       File.chmod(mode, path) if mode
+      give_group(path, group) if group
       sock.listen(backlog)
-      Listener.new(io: sock, kind: :unix, path: path)
+      listening = Listener.new(io: sock, kind: :unix, path: path)
     rescue ArgumentError => e # path too long for sun_path
       raise ConfigError, "cannot listen on unix:#{path}: #{e.message}"
     rescue SystemCallError => e
-      sock&.close
       raise ConfigError, "cannot listen on unix:#{path}: #{e.message}"
+    ensure
+      unless listening
+        sock&.close
+        File.unlink(path) if bound && File.socket?(path)
+      end
+    end
+
+    # unix_socket_group: chown(path, -1, gid); lchown, so a path swapped for a symlink is not followed.
+    def give_group(path, gid)
+      File.lchown(nil, gid, path)
+    rescue Errno::EPERM => e
+      name = begin
+        Etc.getgrgid(gid).name
+      rescue ArgumentError
+        gid.to_s
+      end
+      why = e.message.sub(/ @ .*/, "")
+      raise ConfigError, "unix_socket_group: cannot give unix:#{path} to group #{name}: #{why} " \
+                         "(the server must run as root or as a member of #{name})"
     end
 
     # A socket file nobody accepts on is stale (a crashed server): replace it. One a live

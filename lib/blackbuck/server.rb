@@ -19,7 +19,8 @@ module Blackbuck
       listeners = Listeners.inherited(env) if listeners.empty?
       if listeners.empty?
         listeners = config[:listen].map do |a|
-          Listeners.bind(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode])
+          Listeners.bind(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode],
+                            unix_group: config[:unix_socket_group])
         end
       end
       listeners.each do |l|

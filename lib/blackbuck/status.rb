@@ -9,12 +9,15 @@ module Blackbuck
   #   GET /metrics  the same numbers in Prometheus text format
   # The master must never block for long here: connections are accepted non-blocking, a
   # request gets READ_DEADLINE to arrive, and every connection is closed after one answer.
+  # Every answer carries MARK, so `blackbuck status` can tell this listener from an app.
   class StatusServer
     READ_DEADLINE = 0.2      # seconds a status client gets to send its request head
     WRITE_DEADLINE = 0.2     # seconds a status client gets to take the answer
     SERVE_BUDGET = 0.25      # seconds per turn of the master's loop after which no new client is taken
     MAX_PER_WAKE = 8         # connections answered per turn of the master's loop
     MAX_REQUEST_BYTES = 4096 # a longer request head is refused (the status page takes no input)
+    MARK = "blackbuck-status" # response header only this listener sends; its value is FORMAT
+    FORMAT = 1                # version of the /status JSON
     STATE_NAMES = Native::Scoreboard::NAMES
 
     attr_reader :listener
@@ -63,9 +66,12 @@ module Blackbuck
       io.close unless io.closed?
     end
 
-    # The whole status as one Hash (the JSON body of GET /status).
+    # The whole status as one Hash (the JSON body of GET /status). A worker's "requests" are its
+    # own (0 again when it is replaced); "slots" and totals.requests count every request the
+    # master's workers served, those that have exited included (RequestCounts).
     def snapshot
       workers = @supervisor.children.values.sort_by(&:index).map { |c| worker_entry(c) }
+      slots = @supervisor.request_counts.per_slot(workers.to_h { |w| [w["index"], w["requests"]] })
       listeners = @listeners.map do |l|
         queued, backlog = (l.io.closed? ? nil : Native.listen_queue(l.fd))
         { "name" => l.name, "queued" => queued, "backlog" => backlog }
@@ -75,11 +81,12 @@ module Blackbuck
         "version" => VERSION,
         "workers" => workers,
         "listeners" => listeners,
+        "slots" => slots.map { |index, requests| { "index" => index, "requests" => requests } },
         "totals" => {
           "workers" => workers.size,
           "busy" => workers.count { |w| w["state"] == "busy" },
           "idle" => workers.count { |w| w["state"] == "idle" },
-          "requests" => workers.sum { |w| w["requests"] },
+          "requests" => slots.values.sum,
           "connections" => workers.sum { |w| w["connections"] },
           "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
           "queued" => listeners.sum { |l| l["queued"] || 0 }
@@ -97,8 +104,10 @@ module Blackbuck
       t = snap["totals"]
       family.call("blackbuck_workers", "gauge", "Worker processes.", [[{}, t["workers"]]])
       family.call("blackbuck_workers_busy", "gauge", "Workers running a request in the app.", [[{}, t["busy"]]])
-      family.call("blackbuck_requests_total", "counter", "Requests served, per worker slot.",
-                  snap["workers"].map { |w| [{ "worker" => w["index"] }, w["requests"]] })
+      # A counter never decreases: per worker slot, what its exited workers served plus its live one.
+      family.call("blackbuck_requests_total", "counter",
+                  "Requests served since the master started, per worker slot (replaced workers included).",
+                  snap["slots"].map { |s| [{ "worker" => s["index"] }, s["requests"]] })
       family.call("blackbuck_connections", "gauge", "Open client connections.", [[{}, t["connections"]]])
       family.call("blackbuck_spill_bytes", "gauge", "Bytes of responses clients have not taken, queued in spill files.",
                   snap["workers"].map { |w| [{ "worker" => w["index"] }, w["spill_bytes"]] })
@@ -183,7 +192,7 @@ module Blackbuck
     # Writes the answer; a client that does not take it within WRITE_DEADLINE loses it.
     def respond(client, code, type, body, head:)
       out = "HTTP/1.1 #{code} #{REASONS[code]}\r\ncontent-type: #{type}\r\ncontent-length: #{body.bytesize}\r\n" \
-            "connection: close\r\n\r\n#{body unless head}"
+            "#{MARK}: #{FORMAT}\r\nconnection: close\r\n\r\n#{body unless head}"
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + WRITE_DEADLINE
       until out.empty?
         n = client.write_nonblock(out, exception: false)

@@ -7,14 +7,26 @@ require_relative "errors"
 require_relative "listeners"
 
 module Blackbuck
-  # `blackbuck status [--json] ADDR`: fetches GET /status from a master's --stats-listen
-  # address and prints it as a table (or the raw JSON). Exit 0 on success, 1 when the
-  # address does not answer, 2 for usage mistakes; every error is one line on stderr.
+  # `blackbuck status [--json] [-c FILE] [ADDR]`: fetches GET /status from a master's
+  # stats_listen address and prints it as a table (or the raw JSON). Without ADDR the address
+  # is the stats_listen of the config file given with -c, else $BLACKBUCK_STATS. Exit 0 on
+  # success; 1 when the address does not answer, is not a status listener, or the config file
+  # is broken; 2 for usage mistakes (no address at all). Every error is one line on stderr.
   class StatusClient
-    TIMEOUT = 5 # seconds for connect + answer
+    TIMEOUT = 5                   # seconds for connect + answer
+    MAX_ANSWER = 16 * 1024 * 1024 # bytes of answer read at most
+    ENV_ADDR = "BLACKBUCK_STATS"
+    MARK = "blackbuck-status"     # the header only the status listener sends (StatusServer::MARK)
+    JSON_SHAPE = { "pid" => Integer, "workers" => Array, "listeners" => Array, "totals" => Hash }.freeze
 
-    def initialize(argv, out: $stdout, err: $stderr)
+    # The address answered, but not as a Blackbuck status listener; the message says what it did.
+    class NotStatusListener < StandardError; end
+    # A usage mistake (exit 2).
+    class UsageError < StandardError; end
+
+    def initialize(argv, env: ENV, out: $stdout, err: $stderr)
       @argv = argv.dup
+      @env = env
       @out = out
       @err = err
       @json = false
@@ -22,32 +34,51 @@ module Blackbuck
 
     def run
       rest = OptionParser.new do |o|
-        o.banner = "Usage: blackbuck status [--json] ADDR (HOST:PORT or unix:/path, as given to --stats-listen)"
+        o.banner = "Usage: blackbuck status [--json] [-c FILE] [ADDR]"
+        o.separator "ADDR: HOST:PORT or unix:/path, as given to --stats-listen. Without it: the stats_listen"
+        o.separator "of the config file given with -c, else $#{ENV_ADDR}."
         o.on("--json", "print the raw JSON") { @json = true }
+        o.on("-c", "--config FILE", "read the address from this config file's stats_listen") { |f| @config_file = f }
       end.parse(@argv)
-      raise OptionParser::InvalidArgument, "want exactly one ADDR" unless rest.size == 1
+      raise UsageError, "want at most one ADDR, got #{rest.join(' ')} (see blackbuck status --help)" if rest.size > 1
 
-      addr = rest.first
-      body = fetch(addr)
-      if @json
-        @out.puts body
-      else
-        @out.print table(JSON.parse(body))
-      end
+      addr = rest.first || configured_address
+      body, snapshot = fetch(addr)
+      @json ? @out.puts(body) : @out.print(table(snapshot))
       0
-    rescue OptionParser::ParseError => e
+    rescue OptionParser::ParseError, UsageError => e
       @err.puts "blackbuck status: #{e.message}"
       2
     rescue ConfigError => e
       @err.puts "blackbuck status: #{e.message}"
       1
-    rescue SystemCallError, IOError, SocketError, JSON::ParserError => e
+    rescue NotStatusListener => e
+      @err.puts "blackbuck status: #{addr} is not a Blackbuck status listener (#{e.message})"
+      1
+    rescue SystemCallError, IOError, SocketError => e
       @err.puts "blackbuck status: cannot read status from #{addr}: #{e.message}"
       1
     end
 
     private
 
+    # stats_listen of -c FILE (evaluated with Config::DSL: hooks are stored, never run), else
+    # $BLACKBUCK_STATS.
+    def configured_address
+      if @config_file
+        require_relative "config"
+        addr = Config::DSL.load(Config.new, @config_file)[:stats_listen]
+        return addr if addr
+      end
+      addr = @env[ENV_ADDR].to_s.strip
+      return addr unless addr.empty?
+
+      missing = @config_file ? "#{@config_file} sets no stats_listen and $#{ENV_ADDR} is not set" : "no address"
+      raise UsageError, "#{missing}: give ADDR, -c FILE with stats_listen, or set #{ENV_ADDR} " \
+                        "(e.g. #{ENV_ADDR}=127.0.0.1:9393)"
+    end
+
+    # [the JSON text, its Hash]; raises NotStatusListener for any other answer.
     def fetch(addr)
       kind, host, where = Listeners.parse(addr)
       sock = if kind == :unix
@@ -56,26 +87,67 @@ module Blackbuck
                Socket.tcp(host == "0.0.0.0" ? "127.0.0.1" : host, where, connect_timeout: TIMEOUT)
              end
       sock.write("GET /status HTTP/1.1\r\nHost: blackbuck\r\nConnection: close\r\n\r\n")
-      raw = +""
+      body = read_answer(sock)
+      snapshot = begin
+        JSON.parse(body)
+      rescue JSON::ParserError
+        nil
+      end
+      unless snapshot.is_a?(Hash) && JSON_SHAPE.all? { |key, type| snapshot[key].is_a?(type) }
+        raise NotStatusListener, "its answer is not Blackbuck status JSON"
+      end
+
+      [body, snapshot]
+    ensure
+      sock&.close
+    end
+
+    # Reads until the answer can be judged: a status listener's is HTTP, 200, carries MARK and
+    # has a Content-Length; anything else is refused as soon as it shows. Returns the body.
+    def read_answer(sock)
+      raw = String.new(capacity: 65_536) # binary, like what read_nonblock returns
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + TIMEOUT
       loop do
+        body = judge(raw)
+        return body if body
+
         left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
         raise IOError, "no answer within #{TIMEOUT}s" if left <= 0
 
         chunk = sock.read_nonblock(65_536, exception: false)
         case chunk
         when :wait_readable then sock.wait_readable(left)
-        when nil then break
+        when nil then raise IOError, raw.empty? ? "the connection closed without an answer" : "the answer was cut short"
         else raw << chunk
         end
       end
-      head, body = raw.split("\r\n\r\n", 2)
-      status = head.to_s[%r{\AHTTP/1\.[01] (\d{3})}, 1]
-      raise IOError, "unexpected answer #{head.to_s.lines.first.inspect}" unless status == "200"
+    end
 
-      body
-    ensure
-      sock&.close
+    # nil while more bytes are needed; the body once complete; raises for a foreign answer.
+    def judge(raw)
+      prefix = raw.byteslice(0, 5)
+      raise NotStatusListener, "it did not answer in HTTP" unless "HTTP/".start_with?(prefix)
+      raise NotStatusListener, "its answer is larger than #{MAX_ANSWER} bytes" if raw.bytesize > MAX_ANSWER
+
+      head, body = raw.split("\r\n\r\n", 2)
+      return nil unless body
+
+      lines = head.split("\r\n")
+      code = lines.shift[%r{\AHTTP/\d\.\d (\d{3})}, 1]
+      raise NotStatusListener, "it did not answer in HTTP" unless code
+      raise NotStatusListener, "it answered #{code}" unless code == "200"
+
+      fields = lines.to_h do |line|
+        name, value = line.split(":", 2)
+        [name.to_s.strip.downcase, value.to_s.strip]
+      end
+      raise NotStatusListener, "it answered 200 without a #{MARK} header" unless fields.key?(MARK)
+
+      length = Integer(fields["content-length"].to_s, 10, exception: false)
+      raise NotStatusListener, "its answer has no Content-Length" unless length
+      return nil if body.bytesize < length
+
+      body.byteslice(0, length)
     end
 
     def table(s)

@@ -2,6 +2,7 @@
 
 require_relative "worker"
 require_relative "status"
+require_relative "request_counts"
 
 module Blackbuck
   # The master process: forks workers from the preloaded app, keeps their number, replaces
@@ -26,9 +27,10 @@ module Blackbuck
       @queue = []
       @stopping = false
       @scoreboard = Native::Scoreboard.new([@wanted * 4, 64].max.clamp(1, 4096))
+      @request_counts = RequestCounts.new(@scoreboard)
     end
 
-    attr_reader :children
+    attr_reader :children, :request_counts
 
     def run
       @wake_r, @wake_w = IO.pipe
@@ -150,6 +152,7 @@ module Blackbuck
         child = @children.delete(pid)
         next unless child
 
+        @request_counts.worker_exited(child.index, pid) # before spawn_missing lets a new worker reset the slot
         child.control.close unless child.control.closed?
         lived = Process.clock_gettime(Process::CLOCK_MONOTONIC) - child.started_at
         how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"

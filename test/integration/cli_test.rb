@@ -22,9 +22,11 @@ class CLITest < ServerTest
     assert_match(/\Ablackbuck \d+\.\d+\.\d+\n\z/, out)
     out, _err, status = run_cli("-h")
     assert status.success?
-    %w[--listen --workers --backlog --config --max-requests-per-child --timeout --keepalive-timeout --max-body].each do |o|
+    %w[--listen --workers --backlog --config --max-requests-per-child --timeout --keepalive-timeout --max-body
+       --unix-socket-mode --unix-socket-group].each do |o|
       assert_includes out, o
     end
+    assert_match(/^Commands:\n +blackbuck status \[--json\] \[-c FILE\] \[ADDR\]\n.*\$BLACKBUCK_STATS/m, out)
   end
 
   def test_unknown_option
@@ -39,7 +41,9 @@ class CLITest < ServerTest
       %w[-w 0] => /workers must be an integer 1\.\.4096/,
       %w[--timeout -3] => /timeout must be a positive number of seconds/,
       %w[-l nonsense:port:x] => /invalid listen address "nonsense:port:x"/,
-      %w[-l 127.0.0.1:99999] => /invalid port in listen address/
+      %w[-l 127.0.0.1:99999] => /invalid port in listen address/,
+      %w[--unix-socket-group no-such-group-bb] => /\Ablackbuck: unix_socket_group: no group named "no-such-group-bb"$/,
+      %w[--unix-socket-group 99999999999] => /unix_socket_group must be an integer 0\.\.4294967294/
     }.each do |args, pattern|
       _out, err, status = run_cli(*args, File.join(APPS, "hello.ru"))
       assert_equal 1, status.exitstatus, args.inspect

@@ -6,11 +6,11 @@ require "open3"
 
 # The status listener (--stats-listen): GET /status, GET /metrics, and `blackbuck status`.
 class StatusTest < ServerTest
-  def start_with_status(workers: 2)
+  def start_with_status(*args, workers: 2, app: "kitchen.ru")
     dir = Dir.mktmpdir("bb-test")
     @stats = "#{dir}/status.sock"
-    server = start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{@stats}"],
-                          dir: dir, app: "kitchen.ru", workers: workers)
+    server = start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{@stats}",
+                           *args], dir: dir, app: app, workers: workers)
     assert_match(/status listening on unix:#{Regexp.escape(@stats)}/, server.log)
     server
   end
@@ -156,11 +156,169 @@ class StatusTest < ServerTest
       assert_equal 1, err.lines.size, err
       assert_match(/\Ablackbuck status: cannot read status from #{Regexp.escape(args.first)}: /, err)
     end
-    _out, err, st = Open3.capture3(RbConfig.ruby, EXE, "status")
-    assert_equal 2, st.exitstatus
-    assert_match(/want exactly one ADDR/, err)
   ensure
     FileUtils.rm_rf(dir)
+  end
+
+  # `blackbuck status` run as a user would: [stdout, stderr, Process::Status]. BLACKBUCK_STATS is
+  # unset unless env sets it.
+  def status_command(*args, env: {})
+    Open3.capture3({ "BLACKBUCK_STATS" => nil }.merge(env), RbConfig.ruby, EXE, "status", *args)
+  end
+
+  def test_status_command_without_an_address_says_how_to_give_one
+    out, err, st = status_command
+    assert_equal 2, st.exitstatus
+    assert_equal "", out
+    assert_equal "blackbuck status: no address: give ADDR, -c FILE with stats_listen, or set BLACKBUCK_STATS " \
+                 "(e.g. BLACKBUCK_STATS=127.0.0.1:9393)\n", err
+    Dir.mktmpdir("bb-test") do |d|
+      File.write("#{d}/blackbuck.rb", "workers 2\n")
+      _out, err, st = status_command("-c", "#{d}/blackbuck.rb")
+      assert_equal 2, st.exitstatus
+      want = "blackbuck status: #{d}/blackbuck.rb sets no stats_listen and $BLACKBUCK_STATS is not set: give ADDR"
+      assert err.start_with?(want), err
+      assert_equal 1, err.lines.size
+    end
+    _out, err, st = status_command("unix:/a", "unix:/b")
+    assert_equal 2, st.exitstatus
+    assert_match(/\Ablackbuck status: want at most one ADDR/, err)
+  end
+
+  def test_status_command_finds_the_address_in_the_environment_or_the_config_file
+    server = start_with_status(workers: 1)
+    out, err, st = status_command(env: { "BLACKBUCK_STATS" => "unix:#{@stats}" })
+    assert st.success?, err
+    assert_match(/master pid #{server.pid}/, out)
+    assert_match(/^WORKER\s+PID\s+STATE/, out)
+
+    # Evaluated with the config DSL: hooks are stored, never run; an explicit -c wins over the env.
+    mark = "#{server.dir}/hook-ran"
+    File.write("#{server.dir}/blackbuck.rb", <<~RUBY)
+      workers 3
+      stats_listen "unix:#{@stats}"
+      before_fork { |_server, _i| File.write(#{mark.inspect}, "before_fork") }
+      after_fork { |_server, _i| File.write(#{mark.inspect}, "after_fork") }
+    RUBY
+    out, err, st = status_command("-c", "#{server.dir}/blackbuck.rb", env: { "BLACKBUCK_STATS" => "127.0.0.1:1" })
+    assert st.success?, err
+    assert_match(/master pid #{server.pid}/, out)
+    refute File.exist?(mark), "a hook of the config file ran"
+    out, err, st = status_command("--json", "-c", "#{server.dir}/blackbuck.rb")
+    assert st.success?, err
+    assert_equal server.pid, JSON.parse(out)["pid"]
+
+    File.write("#{server.dir}/broken.rb", "stats_listen 9393\n")
+    out, err, st = status_command("-c", "#{server.dir}/broken.rb")
+    assert_equal [1, ""], [st.exitstatus, out]
+    assert_equal "blackbuck status: #{server.dir}/broken.rb: stats_listen must be a non-empty string, got 9393\n", err
+  end
+
+  def test_status_command_pointed_at_an_app_says_it_is_not_a_status_listener
+    server = start_with_status(workers: 1) # kitchen.ru: GET /status answers 500 (no ?s=)
+    addr = "127.0.0.1:#{server.tcp_port}"
+    out, err, st = status_command(addr)
+    assert_equal [1, ""], [st.exitstatus, out]
+    assert_equal "blackbuck status: #{addr} is not a Blackbuck status listener (it answered 500)\n", err
+
+    hello = start_both(app: "hello.ru") # answers 200 "hello world" to everything
+    addr = "127.0.0.1:#{hello.tcp_port}"
+    _out, err, st = status_command(addr)
+    assert_equal 1, st.exitstatus
+    assert_equal "blackbuck status: #{addr} is not a Blackbuck status listener " \
+                 "(it answered 200 without a blackbuck-status header)\n", err
+    _out, err, st = status_command("unix:#{hello.unix_path}")
+    assert_equal 1, st.exitstatus
+    assert_match(/is not a Blackbuck status listener \(it answered 200 without/, err)
+  end
+
+  # Answers a server might give, each from a one-shot listener on 127.0.0.1.
+  def test_status_command_refuses_answers_that_are_not_blackbuck_status
+    json = JSON.generate("pid" => 1, "workers" => [], "listeners" => [], "totals" => {})
+    {
+      "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n" => "it answered 404",
+      "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: #{json.bytesize}\r\n\r\n#{json}" =>
+        "it answered 200 without a blackbuck-status header",
+      "HTTP/1.1 200 OK\r\nblackbuck-status: 1\r\ncontent-length: 6\r\n\r\n<html>" =>
+        "its answer is not Blackbuck status JSON",
+      "HTTP/1.1 200 OK\r\nblackbuck-status: 1\r\ncontent-length: 11\r\n\r\n{\"pid\": 12}" =>
+        "its answer is not Blackbuck status JSON",
+      "SSH-2.0-OpenSSH_9.2\r\n" => "it did not answer in HTTP"
+    }.each do |answer, reason|
+      listener = TCPServer.new("127.0.0.1", 0)
+      conn = nil
+      peer = Thread.new do
+        conn = listener.accept
+        conn.readpartial(4096)
+        conn.write(answer) # and keep the connection open: the client must decide without EOF
+        sleep 3
+      end
+      addr = "127.0.0.1:#{listener.addr[1]}"
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      out, err, st = status_command(addr)
+      assert_equal [1, ""], [st.exitstatus, out], answer
+      assert_equal "blackbuck status: #{addr} is not a Blackbuck status listener (#{reason})\n", err
+      assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :<, 2.5, "decided without waiting for EOF"
+    ensure
+      peer&.kill&.join
+      conn&.close
+      listener&.close
+    end
+  end
+
+  # GET /hello on a connection of its own.
+  def fresh_get(server)
+    io = server.tcp
+    request(io, "GET", "/hello")
+  ensure
+    io&.close
+  end
+
+  # The blackbuck_requests_total samples: {labels => value}.
+  def requests_counters = parse_prometheus(stats_get("/metrics")[1])["blackbuck_requests_total"]
+
+  def test_request_counts_survive_worker_recycling
+    server = start_with_status("--max-requests-per-child", "5", workers: 1, app: "hello.ru")
+    last = {}
+    23.times do |i|
+      assert_equal 200, fresh_get(server).status, "request #{i + 1}"
+      now = requests_counters
+      last.each { |labels, v| assert_operator now.fetch(labels, -1), :>=, v, "#{labels} went down at request #{i + 1}" }
+      last = now
+    end
+    wait_for { server.worker_pids.size == 5 } # recycled after 5, 10, 15, 20 requests
+    assert_equal 4, server.log.scan(/exiting after 5 requests/).size
+    snap = wait_for { (s = status)["totals"]["requests"] == 23 && s }
+    assert_equal 3, snap["workers"].first["requests"], "the live worker's own count starts again at 0"
+    assert_equal [{ "index" => 0, "requests" => 23 }], snap["slots"]
+    counters = requests_counters
+    assert_operator counters.values.sum, :>=, 23
+    assert_equal({ '{worker="0"}' => 23.0 }, counters)
+    last.each { |labels, v| assert_operator counters.fetch(labels, -1), :>=, v }
+    out, err, st = status_command("unix:#{@stats}")
+    assert st.success?, err
+    assert_match(/ requests 23 /, out)
+  end
+
+  # The master reads a dead worker's count from its scoreboard slot before the replacement
+  # resets it: a worker killed by SIGKILL in the middle of a request keeps what it finished.
+  def test_a_worker_killed_mid_request_keeps_its_count
+    server = start_with_status(workers: 1)
+    3.times { assert_equal 200, fresh_get(server).status }
+    busy = server.tcp
+    busy.write("GET /sleep?t=30 HTTP/1.1\r\nHost: x\r\n\r\n")
+    wait_for { status["totals"]["busy"] == 1 }
+    victim = server.worker_pids.first
+    Process.kill(:KILL, victim)
+    assert closed_by_peer?(busy), "the client of the killed request sees the connection close"
+    wait_for { server.worker_pids.size == 2 }
+    2.times { assert_equal 200, fresh_get(server).status }
+    snap = wait_for { (s = status)["totals"]["requests"] >= 5 && s }
+    assert_equal 5, snap["totals"]["requests"], "3 before the kill, 2 after; the killed request not counted"
+    assert_equal 2, snap["workers"].first["requests"]
+    assert_equal({ '{worker="0"}' => 5.0 }, requests_counters)
+  ensure
+    busy&.close
   end
 
   def test_a_slow_status_client_does_not_stall_the_master

@@ -88,6 +88,23 @@ class ConfigTest < Minitest::Test
     end
   end
 
+  def test_unix_socket_group_takes_a_name_or_a_gid
+    group = Etc.getgrgid(Process.egid)
+    assert_nil config[:unix_socket_group]
+    assert_equal group.gid, config.set(:unix_socket_group, group.name)[:unix_socket_group]
+    assert_equal 4242, config.set(:unix_socket_group, "4242")[:unix_socket_group], "a gid need not have a name"
+    assert_equal 0, config.set(:unix_socket_group, 0)[:unix_socket_group]
+    {
+      "no-such-group-bb" => /\Aunix_socket_group: no group named "no-such-group-bb"\z/,
+      "" => /\Aunix_socket_group must be a group name or a numeric gid, got ""\z/,
+      "-1" => /\Aunix_socket_group: no group named "-1"\z/,
+      :www => /\Aunix_socket_group must be a group name or a numeric gid, got :www\z/
+    }.each do |value, pattern|
+      err = assert_raises(Blackbuck::ConfigError, value.inspect) { config.set(:unix_socket_group, value) }
+      assert_match pattern, err.message
+    end
+  end
+
   def test_min_above_max_is_an_error
     c = config.set(:max_requests_per_child, 10).set(:min_requests_per_child, 20)
     assert_raises(Blackbuck::ConfigError) { c.finalize!({}) }

@@ -1,0 +1,145 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "etc"
+require "net/http"
+require "open3"
+
+# unix_socket_group: Debian's nginx, its workers running as www-data, proxies to a Blackbuck
+# UNIX socket. Root only (nginx's `user` directive and chown to another group need it).
+class UnixSocketGroupTest < ServerTest
+  NGINX = "/usr/sbin/nginx"
+  NGINX_USER = "www-data"
+
+  def setup
+    skip "needs root (nginx's `user #{NGINX_USER};` and a chown to its group)" unless Process.uid.zero?
+    skip "#{NGINX} is not installed (apt-get install nginx)" unless File.executable?(NGINX)
+    begin
+      Etc.getpwnam(NGINX_USER)
+      @gid = Etc.getgrnam(NGINX_USER).gid
+    rescue ArgumentError
+      skip "no #{NGINX_USER} user and group"
+    end
+    # The socket's directory: www-data may pass through it (x) but not list or write it.
+    @dir = Dir.mktmpdir("bb-test")
+    File.chmod(0o711, @dir)
+    @sock = "#{@dir}/app.sock"
+  end
+
+  def teardown
+    stop_nginx
+    super
+    FileUtils.rm_rf(@dir) if @dir
+  end
+
+  def start_blackbuck(*args)
+    start_server(["-l", "unix:#{@sock}", *args], dir: @dir)
+  end
+
+  # nginx as Debian runs it: master root, workers www-data; proxies 127.0.0.1:PORT to @sock.
+  def start_nginx
+    @ngx = Dir.mktmpdir("bb-nginx")
+    @port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    File.write("#{@ngx}/nginx.conf", <<~CONF)
+      user #{NGINX_USER};
+      worker_processes 1;
+      daemon off;
+      pid #{@ngx}/nginx.pid;
+      error_log #{@ngx}/error.log;
+      events { worker_connections 64; }
+      http {
+        access_log off;
+        client_body_temp_path #{@ngx}/body; proxy_temp_path #{@ngx}/proxy;
+        fastcgi_temp_path #{@ngx}/fcgi; uwsgi_temp_path #{@ngx}/uwsgi; scgi_temp_path #{@ngx}/scgi;
+        upstream app { server unix:#{@sock} fail_timeout=0; }
+        server {
+          listen 127.0.0.1:#{@port};
+          location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
+        }
+      }
+    CONF
+    @nginx = ChildProcess.new([NGINX, "-p", @ngx, "-c", "#{@ngx}/nginx.conf"], log_path: "#{@ngx}/out.log")
+    Timeout.timeout(10) do
+      TCPSocket.new("127.0.0.1", @port).close
+    rescue Errno::ECONNREFUSED
+      raise "nginx exited: #{@nginx.log}" if @nginx.exited?
+
+      sleep 0.05
+      retry
+    end
+  end
+
+  def stop_nginx
+    @nginx&.stop
+    log = "#{@ngx}/error.log" if @ngx
+    warn "\n--- nginx error log ---\n#{File.read(log)}--- end ---" if log && !passed? && File.exist?(log)
+    FileUtils.rm_rf(@ngx) if @ngx
+  end
+
+  def get_through_nginx
+    Net::HTTP.start("127.0.0.1", @port, open_timeout: 5, read_timeout: 10) { |http| http.get("/") }
+  end
+
+  def test_nginx_as_www_data_reaches_a_socket_of_group_www_data_and_mode_0660
+    start_blackbuck("--unix-socket-mode", "0660", "--unix-socket-group", NGINX_USER)
+    st = File.stat(@sock)
+    assert_equal 0o660, st.mode & 0o777
+    assert_equal @gid, st.gid
+    assert_equal 0, st.uid, "only the group changes"
+    start_nginx
+    res = get_through_nginx
+    assert_equal "200", res.code, File.read("#{@ngx}/error.log")
+    assert_equal "hello world\n", res.body
+  end
+
+  # The same setup without the group: the socket stays root's group, nginx's workers cannot
+  # connect. This is what the test above would see if the group were not applied.
+  def test_without_the_group_nginx_gets_permission_denied
+    start_blackbuck("--unix-socket-mode", "0660")
+    assert_equal 0, File.stat(@sock).gid
+    start_nginx
+    assert_equal "502", get_through_nginx.code
+    assert_match(/connect\(\) to unix:#{Regexp.escape(@sock)} failed \(13: Permission denied\)/,
+                 File.read("#{@ngx}/error.log"))
+  end
+
+  def test_config_file_directive_and_numeric_gid
+    File.write("#{@dir}/blackbuck.rb", "unix_socket_mode 0o660\nunix_socket_group #{@gid}\n")
+    start_blackbuck("-c", "#{@dir}/blackbuck.rb")
+    assert_equal [0o660, @gid], File.stat(@sock).then { |st| [st.mode & 0o777, st.gid] }
+  end
+
+  # rackup passes unknown -O options to Config#set by their snake_case name.
+  def test_rack_handler_option
+    rack2 = Gem.loaded_specs["rack"]&.version.to_s.start_with?("2.")
+    rackup = Gem.bin_path(rack2 ? "rack" : "rackup", "rackup")
+    server = ChildProcess.new([RbConfig.ruby, "-I", File.join(ROOT, "lib"), rackup, "-s", "blackbuck", "-E", "none",
+                               "-O", "Path=#{@sock}", "-O", "workers=1", "-O", "unix_socket_mode=0660",
+                               "-O", "unix_socket_group=#{NGINX_USER}", File.join(APPS, "hello.ru")],
+                              log_path: "#{@dir}/rackup.log")
+    Timeout.timeout(20) { sleep 0.05 until server.log.include?("worker 0 (pid") || server.exited? }
+    assert_equal [0o660, @gid], File.stat(@sock).then { |st| [st.mode & 0o777, st.gid] }, server.log
+  ensure
+    server&.stop
+  end
+
+  # A server that may not chown to the group (not root, not a member) stops at boot with one
+  # line naming the setting, and leaves no socket file behind.
+  def test_a_group_the_server_may_not_give_is_a_boot_error
+    setpriv = "/usr/bin/setpriv"
+    skip "#{setpriv} is not installed (util-linux)" unless File.executable?(setpriv)
+    File.chmod(0o777, @dir) # nobody binds here
+    cmd = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+           RbConfig.ruby, EXE, "-w", "1", "-l", "unix:#{@sock}", "--unix-socket-group", NGINX_USER,
+           File.join(APPS, "hello.ru")]
+    boot = ChildProcess.new(cmd, log_path: "#{@dir}/boot.log", env: { "HOME" => @dir })
+    st = boot.wait_exit(30)
+    refute_nil st, "the server did not stop at boot: #{boot.log}"
+    assert_equal 1, st.exitstatus, boot.log
+    assert_equal "blackbuck: unix_socket_group: cannot give unix:#{@sock} to group #{NGINX_USER}: " \
+                 "Operation not permitted (the server must run as root or as a member of #{NGINX_USER})\n", boot.log
+    refute File.exist?(@sock), "the socket file bound before the chown is removed"
+  ensure
+    boot&.stop
+  end
+end
