@@ -14,7 +14,7 @@ module Blackbuck
     SIGNALS = %i[TERM INT QUIT HUP TTIN TTOU USR1 CHLD].freeze
     TIMEOUT_KILL_GRACE = 5  # seconds after the timeout notice (USR2) before SIGKILL
     RESPAWN_BACKOFF = 1     # seconds to wait before replacing a worker that died within a second
-    STOP_MESSAGE = "q"      # master -> worker over the control pipe: finish and exit
+    FORCE_GRACE = 5         # seconds a forced stop (a second INT/TERM) gives a request already in the app
 
     def initialize(config:, app:, listeners:, logger:, old_workers: [])
       @old_workers = old_workers.to_h # pid => control IO, from this master's previous image (HUP)
@@ -49,7 +49,8 @@ module Blackbuck
           retire_old_workers
           sleep_until_woken
         when :TERM, :INT, :QUIT
-          @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s)")
+          again = sig == :QUIT ? "QUIT again exits at once" : "#{sig} again forces the stop, a third time exits at once"
+          @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s); #{again}")
           @stopping = true
         when :HUP
           reload
@@ -79,10 +80,10 @@ module Blackbuck
       @wake_w.write_nonblock(".", exception: false)
     end
 
-    def sleep_until_woken
-      ready, = IO.select([@wake_r, @status&.io].compact, nil, nil, 1)
+    def sleep_until_woken(seconds = 1, status: @status)
+      ready, = IO.select([@wake_r, status&.io].compact, nil, nil, seconds)
       @wake_r.read_nonblock(1024, exception: false)
-      @status.serve if @status && ready&.include?(@status.io)
+      status.serve if status && ready&.include?(status.io)
     end
 
     def spawn_missing
@@ -216,7 +217,7 @@ module Blackbuck
       return unless @children.all? { |pid, c| @scoreboard.read(c.index)[0] == pid }
 
       @old_workers.each_value do |io|
-        io.write_nonblock(STOP_MESSAGE, exception: false) unless io.closed?
+        io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
         io.close unless io.closed?
       rescue IOError, SystemCallError
         nil
@@ -225,8 +226,8 @@ module Blackbuck
       @retired_logged = true
     end
 
-    def tell_stop(child)
-      child.control.write_nonblock(STOP_MESSAGE, exception: false) unless child.control.closed?
+    def tell_stop(child, message = Worker::STOP_MESSAGE)
+      child.control.write_nonblock(message, exception: false) unless child.control.closed?
     rescue IOError, SystemCallError
       nil
     end
@@ -238,31 +239,66 @@ module Blackbuck
     end
 
     # Stop accepting at once (the listening sockets close here and in every worker), let the
-    # workers finish what is in flight, then kill whatever is left after graceful_timeout.
+    # workers finish what is in flight, then kill whatever is left after graceful_timeout. Stop
+    # signals keep counting meanwhile: a second INT or TERM forces the stop (workers close every
+    # connection and exit once the request they run is answered, at most FORCE_GRACE seconds), a
+    # third one, or a QUIT, kills the workers and exits at once.
     def shutdown
       @listeners.each(&:close)
       @status&.close
       @children.each_value { |c| tell_stop(c) }
       @old_workers.each_value do |io| # after a HUP not yet complete: they stop too
-        io.write_nonblock(STOP_MESSAGE, exception: false) unless io.closed?
+        io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
         io.close unless io.closed?
       rescue IOError, SystemCallError
         nil
       end
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @config[:graceful_timeout] + 1
+      stops = 1
+      deadline = now + @config[:graceful_timeout] + 1
       until @children.empty? && @old_workers.empty?
-        reap
-        break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        case (sig = @queue.shift)
+        when nil
+          reap
+          break if now > deadline
 
-        sleep 0.05
+          sleep_until_woken(0.05, status: nil)
+        when :TERM, :INT, :QUIT
+          stops += 1
+          return exit_at_once(sig) if sig == :QUIT || stops > 2
+
+          @logger.info("#{sig} again: forcing the stop: workers close every connection and exit after the request " \
+                       "they are running (at most #{FORCE_GRACE}s); #{sig} once more exits at once")
+          @children.each_value { |c| tell_stop(c, Worker::FORCE_MESSAGE) }
+          deadline = [deadline, now + FORCE_GRACE].min
+        when :USR1 then @logger.reopen
+        when :CHLD then reap
+        else @logger.info("#{sig} ignored: the server is stopping")
+        end
       end
-      (@children.keys + @old_workers.keys).each do |pid|
-        @logger.warn("worker pid #{pid} still running after graceful_timeout; killing it")
-        signal(:KILL, pid)
-      end
-      reap
+      kill_workers(stops > 1 ? "still running after the forced stop" : "still running after graceful_timeout")
       @logger.info("master (pid #{Process.pid}) exiting")
       0
     end
+
+    def exit_at_once(sig)
+      @logger.warn("#{sig}: exiting at once")
+      kill_workers("still running")
+      @logger.info("master (pid #{Process.pid}) exiting")
+      0
+    end
+
+    def kill_workers(why)
+      (@children.keys + @old_workers.keys).each do |pid|
+        @logger.warn("worker pid #{pid} #{why}; killing it")
+        signal(:KILL, pid)
+      end
+      wait_until = now + 5 # SIGKILL cannot be caught: they are gone within moments
+      until (@children.empty? && @old_workers.empty?) || now > wait_until
+        reap
+        sleep 0.01
+      end
+    end
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   end
 end
