@@ -5,7 +5,9 @@
  * put every limit in reach):
  *   - invariants: result is > 0, -1 or -2; consumed <= len; on -1 the status is
  *     400/414/431/501/505; on success every returned pointer lies inside the
- *     consumed head and num_headers <= capacity;
+ *     consumed head and num_headers <= capacity; no '#' in target, path or
+ *     query; the authority is there when Host or an absolute-form target is,
+ *     holds only authority bytes, and splits at host_len into host and ":port";
  *   - differential: scalar and SSE4.2 give identical results (when available);
  *   - incremental: a split chosen from the input (prefix, then the whole with
  *     last_len) and byte-at-a-time feeding give the one-shot result.
@@ -29,6 +31,8 @@ struct outcome {
     long long cl;
     int host;
     unsigned flags;
+    long auth;
+    size_t auth_len, host_len;
     long h[4 * CAP];
 };
 
@@ -44,6 +48,38 @@ static void in_head(const char *p, size_t n, const char *base, int ret)
 {
     if (p == NULL) return;
     if (p < base || p + n > base + ret) fail("pointer outside the consumed head");
+}
+
+/* A byte an authority (uri-host [":" port]) may hold at all. */
+static int authority_byte(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != 0 && strchr("-._~!$&'()*+,;=%:[]", c) != NULL);
+}
+
+static void check_authority(const struct bb_request *req, const char *buf, int ret)
+{
+    int absolute = (req->flags & BB_F_ABSOLUTE_FORM) != 0;
+    if ((req->host_index >= 0 || absolute) != (req->authority != NULL)) fail("authority presence");
+    if (req->authority == NULL) return;
+    in_head(req->authority, req->authority_len, buf, ret);
+    if (absolute && (req->authority < req->target || req->authority >= req->target + req->target_len))
+        fail("absolute-form authority outside the target");
+    if (req->host_len > req->authority_len) fail("host_len");
+    if (req->host_len == 0 && req->authority_len != 0) fail("empty host with a port");
+    for (size_t i = 0; i < req->authority_len; i++)
+        if (!authority_byte((unsigned char)req->authority[i])) fail("byte outside an authority");
+    if (req->host_len < req->authority_len) {
+        const char *port = req->authority + req->host_len + 1;
+        size_t n = req->authority_len - req->host_len - 1;
+        unsigned long v = 0;
+        if (req->authority[req->host_len] != ':' || n == 0) fail("port separator");
+        for (size_t i = 0; i < n; i++) {
+            if (port[i] < '0' || port[i] > '9') fail("port digit");
+            v = v * 10 + (unsigned long)(port[i] - '0');
+            if (v > 65535) fail("port over 65535");
+        }
+    }
 }
 
 static void parse(const char *buf, size_t len, size_t last_len, const struct bb_limits *lim,
@@ -79,6 +115,10 @@ static void parse(const char *buf, size_t len, size_t last_len, const struct bb_
     in_head(req.path, req.path_len, buf, o->ret);
     in_head(req.query, req.query_len, buf, o->ret);
     if (!req.method || !req.target || !req.path) fail("NULL method/target/path");
+    if (memchr(req.target, '#', req.target_len)) fail("fragment in the target");
+    if (req.query && memchr(req.query, '#', req.query_len)) fail("fragment in the query");
+    if (memchr(req.path, '#', req.path_len)) fail("fragment in the path");
+    check_authority(&req, buf, o->ret);
     o->method = off(req.method, buf);
     o->target = off(req.target, buf);
     o->path = off(req.path, buf);
@@ -92,6 +132,9 @@ static void parse(const char *buf, size_t len, size_t last_len, const struct bb_
     o->cl = req.content_length;
     o->host = req.host_index;
     o->flags = req.flags;
+    o->auth = off(req.authority, buf);
+    o->auth_len = req.authority_len;
+    o->host_len = req.host_len;
     for (size_t i = 0; i < req.num_headers; i++) {
         in_head(h[i].name, h[i].name_len, buf, o->ret);
         in_head(h[i].value, h[i].value_len, buf, o->ret);

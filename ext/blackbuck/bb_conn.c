@@ -124,7 +124,8 @@ static void buf_put(char *b, size_t cap)
     else free(b);
 }
 static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
-    k_remote_addr, k_server_name, k_server_port, k_content_length, k_content_type, k_connection, v_http10, v_http11, v_port80, v_empty;
+    k_remote_addr, k_server_name, k_server_port, k_http_host, k_content_length, k_content_type, k_connection,
+    v_http10, v_http11, v_port80, v_empty;
 
 static void conn_mark(void *p)
 {
@@ -275,24 +276,14 @@ static int ieq(const char *a, size_t alen, const char *lower)
     return 1;
 }
 
-/* Sets SERVER_NAME and SERVER_PORT from a Host value ("name", "name:port", "[v6]:port"). */
-static void set_host(VALUE env, const char *v, size_t n)
+/* Sets SERVER_NAME and SERVER_PORT from the request's authority, which the parser validated and
+ * split: v[0..host_len) is the host ("name", "[v6]"), then ":" and the port if host_len < n. An
+ * empty authority (an empty Host) leaves the listener's name and port from the template. */
+static void set_host(VALUE env, const char *v, size_t n, size_t host_len)
 {
-    size_t i, colon = n;
     if (n == 0) return;
-    if (v[0] == '[') {
-        for (i = 0; i < n && v[i] != ']'; i++)
-            ;
-        if (i + 1 < n && v[i + 1] == ':') colon = i + 1;
-    } else {
-        for (i = 0; i < n; i++)
-            if (v[i] == ':') {
-                colon = i;
-                break;
-            }
-    }
-    rb_hash_aset(env, k_server_name, rb_str_new(v, (long)colon));
-    if (colon + 1 < n) rb_hash_aset(env, k_server_port, rb_str_new(v + colon + 1, (long)(n - colon - 1)));
+    rb_hash_aset(env, k_server_name, rb_str_new(v, (long)host_len));
+    if (host_len < n) rb_hash_aset(env, k_server_port, rb_str_new(v + host_len + 1, (long)(n - host_len - 1)));
     else rb_hash_aset(env, k_server_port, v_port80);
 }
 
@@ -410,14 +401,11 @@ static VALUE conn_parse(VALUE self)
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
     rb_hash_aset(env, k_connection, self);
     for (i = 0; i < req.num_headers; i++) add_header(env, &headers[i]);
-    if (req.target_len > 0 && req.target[0] != '/' && req.target[0] != '*') {
-        /* absolute-form (http://host[:port]/path): RFC 9112 3.2.2, the target's authority wins
-         * over Host. The parser guarantees a scheme "http(s)://" and that path points inside. */
-        const char *auth = memchr(req.target, '/', req.target_len);
-        if (auth && auth + 2 <= req.path) set_host(env, auth + 2, (size_t)(req.path - (auth + 2)));
-    } else if (req.host_index >= 0) {
-        set_host(env, headers[req.host_index].value, headers[req.host_index].value_len);
-    }
+    if (req.authority) set_host(env, req.authority, req.authority_len, req.host_len);
+    /* absolute-form: RFC 9112 3.2.2, the target's authority wins over Host. HTTP_HOST says the
+     * same as SERVER_NAME (as in Unicorn), since Rack and Rails take the host from HTTP_HOST. */
+    if (req.flags & BB_F_ABSOLUTE_FORM)
+        rb_hash_aset(env, k_http_host, rb_str_new(req.authority, (long)req.authority_len));
 
     c->minor = req.minor_version;
     c->keepalive = req.minor_version ? !(req.flags & BB_F_CONN_CLOSE)
@@ -1286,6 +1274,7 @@ void bb_init_conn(void)
     k_remote_addr = reg(bb_fstring("REMOTE_ADDR", 11));
     k_server_name = reg(bb_fstring("SERVER_NAME", 11));
     k_server_port = reg(bb_fstring("SERVER_PORT", 11));
+    k_http_host = reg(bb_fstring("HTTP_HOST", 9));
     k_content_length = reg(bb_fstring("CONTENT_LENGTH", 14));
     k_content_type = reg(bb_fstring("CONTENT_TYPE", 12));
     k_connection = reg(bb_fstring("blackbuck.connection", 20));

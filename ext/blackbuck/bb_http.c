@@ -52,19 +52,20 @@
 #endif
 
 #define INCOMPLETE (-2) /* internal: parse step needs more bytes */
+#define MAX_PORT   65535 /* largest TCP port number: a Host or authority port above it -> 400 */
 
 /* ---------------------------------------------------------------- chars */
 
-#define C_TCHAR 1 /* token character (RFC 9110 5.6.2) */
-#define C_HOST  2 /* allowed in Host / authority: unreserved, pct, sub-delims, ':', '[', ']' */
+#define C_TCHAR   1 /* token character (RFC 9110 5.6.2) */
+#define C_REGNAME 2 /* reg-name byte other than pct-encoded: unreserved / sub-delims (RFC 3986 3.2.2) */
 
 static const unsigned char char_class[256] = {
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    0, 3, 0, 1, 3, 3, 3, 3, 2, 2, 3, 3, 2, 3, 3, 0,
-    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 0, 2, 0, 0,
+    0, 3, 0, 1, 3, 1, 3, 3, 2, 2, 3, 3, 2, 3, 3, 0,
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 2, 0, 2, 0, 0,
     0, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3,
-    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 2, 0, 2, 1, 3,
+    3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 0, 1, 3,
     1, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3,
     3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 1, 0, 3, 0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
@@ -78,6 +79,8 @@ static const unsigned char char_class[256] = {
 };
 
 static int is_tchar(unsigned char c) { return char_class[c] & C_TCHAR; }
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static int is_hexdig(unsigned char c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
 static int is_ows(unsigned char c) { return c == ' ' || c == '\t'; }
 static unsigned char lower(unsigned char c) { return (c >= 'A' && c <= 'Z') ? (unsigned char)(c + 32) : c; }
 
@@ -340,11 +343,96 @@ static unsigned parse_connection(const unsigned char *v, size_t n)
     return flags;
 }
 
-static int valid_host(const unsigned char *v, size_t n)
+/* IPv4address (RFC 3986 3.2.2): four dec-octets 0-255 without leading zeros. */
+static int valid_ipv4(const unsigned char *s, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (!(char_class[v[i]] & C_HOST)) return 0;
-    return 1;
+    size_t i = 0;
+    for (int octet = 0; octet < 4; octet++) {
+        if (octet > 0) {
+            if (i == n || s[i] != '.') return 0;
+            i++;
+        }
+        size_t d = i;
+        unsigned v = 0;
+        while (i < n && i - d < 3 && is_digit(s[i])) v = v * 10 + (unsigned)(s[i++] - '0');
+        if (i == d || v > 255 || (i - d > 1 && s[d] == '0')) return 0;
+    }
+    return i == n;
+}
+
+/*
+ * IPv6address (RFC 3986 3.2.2): eight h16 groups (1-4 hex digits) separated by
+ * ':', or at most seven with one "::" standing for the rest; the last two
+ * groups may be written as an IPv4address. No zone ID (RFC 6874 is not part of
+ * HTTP's Host).
+ */
+static int valid_ipv6(const unsigned char *s, size_t n)
+{
+    size_t i = 0, groups = 0;
+    int elided = 0;
+    if (n >= 2 && s[0] == ':' && s[1] == ':') {
+        elided = 1;
+        i = 2;
+    }
+    while (i < n) {
+        size_t g = i;
+        while (i < n && i - g < 4 && is_hexdig(s[i])) i++;
+        if (i == g) return 0; /* an empty group: ":::", a lone leading ':', another byte */
+        if (i < n && s[i] == '.') { /* ls32 as an IPv4address: the last piece, two groups */
+            if (!valid_ipv4(s + g, n - g)) return 0;
+            groups += 2;
+            break;
+        }
+        groups++;
+        if (i == n) break;
+        if (s[i] != ':') return 0; /* a fifth hex digit, '%' of a zone ID, ... */
+        i++;
+        if (i < n && s[i] == ':') {
+            if (elided) return 0; /* a second "::" */
+            elided = 1;
+            i++;
+        } else if (i == n) {
+            return 0; /* a trailing single ':' */
+        }
+    }
+    return elided ? groups <= 7 : groups == 8;
+}
+
+/*
+ * authority as HTTP uses it, uri-host [ ":" port ] (RFC 9110 4.2.1, 7.2;
+ * RFC 3986 3.2.2, 3.2.3), in v[0..n): the uri-host is a non-empty reg-name
+ * (unreserved, sub-delims, "%" HEXDIG HEXDIG; an IPv4address is one too) or
+ * "[" IPv6address "]"; the port is 1*DIGIT of value <= MAX_PORT. Stricter than
+ * RFC 3986, and the same as Rack::Lint's HTTP_HOST check or stricter: no userinfo
+ * (RFC 9110 4.2.4), no empty port after ':', no IPvFuture ("[v1.x]"), no zone ID.
+ * One pass, no allocation. Returns 0 and sets *host_len (bytes of the uri-host),
+ * or 400.
+ */
+static int parse_authority(const unsigned char *v, size_t n, size_t *host_len)
+{
+    size_t i = 0;
+    if (n > 0 && v[0] == '[') {
+        const unsigned char *close = memchr(v, ']', n);
+        if (close == NULL || !valid_ipv6(v + 1, (size_t)(close - v) - 1)) return 400;
+        i = (size_t)(close - v) + 1;
+    } else {
+        while (i < n) {
+            if (char_class[v[i]] & C_REGNAME) i++;
+            else if (v[i] == '%' && n - i > 2 && is_hexdig(v[i + 1]) && is_hexdig(v[i + 2])) i += 3;
+            else break;
+        }
+        if (i == 0) return 400; /* an empty host (":80"), or a byte no host has ('@', '/', SP, ...) */
+    }
+    *host_len = i;
+    if (i == n) return 0;
+    if (v[i] != ':' || i + 1 == n) return 400; /* junk after the host ("[::1]x"), an empty port */
+    unsigned port = 0;
+    for (i++; i < n; i++) {
+        if (!is_digit(v[i])) return 400;
+        port = port * 10 + (unsigned)(v[i] - '0');
+        if (port > MAX_PORT) return 400;
+    }
+    return 0;
 }
 
 /* Applies one complete field to req; returns 0 or an HTTP status. */
@@ -355,9 +443,18 @@ static int apply_field(struct bb_request *req, struct head_state *st, int index,
     switch (name_len) {
     case 4:
         if (EQ_LIT(name, name_len, "host")) {
-            if (st->host_seen || !valid_host(val, val_len)) return 400;
+            /* RFC 9112 3.2: more than one Host, or an invalid one -> 400, even when an
+             * absolute-form target makes its value irrelevant (3.2.2). An empty Host is
+             * valid: the target URI has no authority, the server's own name stands in. */
+            size_t host_len = 0;
+            if (st->host_seen || (val_len > 0 && parse_authority(val, val_len, &host_len))) return 400;
             st->host_seen = 1;
             req->host_index = index;
+            if (!(req->flags & BB_F_ABSOLUTE_FORM)) {
+                req->authority = (const char *)val;
+                req->authority_len = val_len;
+                req->host_len = host_len;
+            }
         }
         break;
     case 6:
@@ -394,27 +491,35 @@ static int apply_field(struct bb_request *req, struct head_state *st, int index,
 }
 
 /*
- * Classifies the request-target [t, t+n) and sets path/query.
+ * Classifies the request-target [t, t+n) and sets target_len, path and query.
  * origin-form "/...", asterisk-form "*" (OPTIONS only), absolute-form
- * "http://authority[/path][?query]" or https (scheme case-insensitive).
- * authority-form (CONNECT) and every other shape -> 400.
+ * "http://authority[/path][?query]" or https (scheme case-insensitive; the
+ * authority goes to req->authority). authority-form (CONNECT) and every other
+ * shape -> 400. A fragment "#..." is cut off first (RFC 9112 has none in a
+ * request-target; clients strip it): "/a?#b" has the empty query.
  */
 static int set_target(struct bb_request *req, const unsigned char *t, size_t n)
 {
-    size_t path_start, scheme_len;
+    const unsigned char *hash = memchr(t, '#', n);
+    if (hash) n = (size_t)(hash - t);
+    if (n == 0) return 400;
+    req->target_len = n;
 
-    if (t[0] == '/') {
-        path_start = 0;
-    } else if (n == 1 && t[0] == '*') {
-        if (!(req->method_len == 7 && memcmp(req->method, "OPTIONS", 7) == 0)) return 400;
-        path_start = 0;
-    } else {
+    size_t path_start = 0;
+    if (t[0] == '*') {
+        if (n != 1 || !(req->method_len == 7 && memcmp(req->method, "OPTIONS", 7) == 0)) return 400;
+    } else if (t[0] != '/') {
+        size_t scheme_len;
         if (n >= 7 && EQ_LIT(t, 7, "http://")) scheme_len = 7;
         else if (n >= 8 && EQ_LIT(t, 8, "https://")) scheme_len = 8;
         else return 400;
-        size_t a = scheme_len, e = a;
+        size_t a = scheme_len, e = a, host_len;
         while (e < n && t[e] != '/' && t[e] != '?') e++;
-        if (e == a || !valid_host(t + a, e - a)) return 400; /* empty host, userinfo '@', ... */
+        if (e == a || parse_authority(t + a, e - a, &host_len)) return 400; /* empty host, userinfo '@', ... */
+        req->authority = (const char *)t + a;
+        req->authority_len = e - a;
+        req->host_len = host_len;
+        req->flags |= BB_F_ABSOLUTE_FORM;
         if (e == n || t[e] == '?') {
             /* No path: the path is "/". Point at the second slash of "//" so
              * every returned pointer stays inside the caller's buffer. */
@@ -428,13 +533,13 @@ static int set_target(struct bb_request *req, const unsigned char *t, size_t n)
         }
         path_start = e;
     }
-    size_t q = path_start;
-    while (q < n && t[q] != '?') q++;
+    const unsigned char *q = memchr(t + path_start, '?', n - path_start);
+    size_t path_end = q ? (size_t)(q - t) : n;
     req->path = (const char *)t + path_start;
-    req->path_len = q - path_start;
-    if (q < n) {
-        req->query = (const char *)t + q + 1;
-        req->query_len = n - q - 1;
+    req->path_len = path_end - path_start;
+    if (q) {
+        req->query = (const char *)q + 1;
+        req->query_len = n - path_end - 1;
     }
     return 0;
 }
@@ -494,7 +599,7 @@ static long parse_head(const unsigned char *b, size_t len, struct bb_request *re
     if (p == w.end) return stop(w);
     if (b[p] != ' ' || p == t) return -400;
     req->target = (const char *)b + t;
-    req->target_len = p - t;
+    const size_t t_end = p;
     p++;
 
     /* HTTP-version CRLF: "HTTP/" DIGIT "." DIGIT CR LF */
@@ -505,10 +610,12 @@ static long parse_head(const unsigned char *b, size_t len, struct bb_request *re
         unsigned char c = b[p];
         if (pattern[k] == 'd' ? (c < '0' || c > '9') : c != (unsigned char)pattern[k]) return -400;
     }
-    if (b[p - 5] != '1' || b[p - 3] > '1') return -505;
-    req->minor_version = b[p - 3] - '0';
+    /* RFC 9110 2.5: a higher minor of a major we implement is answered as the highest
+     * minor we implement (HTTP/1.2 -> 1.1); another major -> 505 */
+    if (b[p - 5] != '1') return -505;
+    req->minor_version = b[p - 3] == '0' ? 0 : 1;
 
-    int r = set_target(req, b + t, req->target_len);
+    int r = set_target(req, b + t, t_end - t);
     if (r) return -r;
 
     /* field lines */
@@ -587,8 +694,9 @@ int bb_parse_request(const char *buf, size_t len, size_t last_len,
     const unsigned char *b = (const unsigned char *)buf;
     int simd = use_simd();
 
-    req->method = req->target = req->path = req->query = NULL;
+    req->method = req->target = req->path = req->query = req->authority = NULL;
     req->method_len = req->target_len = req->path_len = req->query_len = 0;
+    req->authority_len = req->host_len = 0;
     req->minor_version = -1;
     req->content_length = -1;
     req->host_index = -1;

@@ -50,21 +50,29 @@ struct bb_header {
 #define BB_F_CONN_KEEPALIVE  0x04u /* Connection header contains token "keep-alive" */
 #define BB_F_EXPECT_CONTINUE 0x08u /* Expect: 100-continue (case-insensitive) */
 #define BB_F_UPGRADE         0x10u /* Connection contains "upgrade" */
+#define BB_F_ABSOLUTE_FORM   0x20u /* absolute-form target: `authority` is the target's, not Host's */
 
 struct bb_request {
     const char *method;
     size_t method_len;
-    const char *target;        /* request-target as sent (origin-form, absolute-form, '*') */
+    const char *target;        /* request-target as sent (origin-form, absolute-form, '*'), up to a '#' */
     size_t target_len;
-    const char *path;          /* target up to '?' or end (for absolute-form: the path part) */
+    const char *path;          /* target up to '?' or end (for absolute-form: the path part, "/" if empty) */
     size_t path_len;
     const char *query;         /* after '?', excluding '?'; NULL if no '?' */
     size_t query_len;
-    int minor_version;         /* 0 or 1 (HTTP/1.0, HTTP/1.1) */
+    int minor_version;         /* 0 for HTTP/1.0; 1 for HTTP/1.1 and any higher HTTP/1.x (RFC 9110 2.5) */
     struct bb_header *headers; /* in: caller's array; out: filled */
     size_t num_headers;        /* in: capacity of headers; out: count */
     int64_t content_length;    /* -1 when absent */
     int host_index;            /* index into headers of Host, -1 when absent */
+    const char *authority;     /* uri-host [":" port] the request is for: an absolute-form target's
+                                  authority (BB_F_ABSOLUTE_FORM), else Host's value; NULL if neither.
+                                  Always valid (see bb_parse_request); empty only for an empty Host */
+    size_t authority_len;
+    size_t host_len;           /* authority[0..host_len) is the uri-host ("[v6]" with brackets); when
+                                  host_len < authority_len, authority[host_len] is ':' and the port
+                                  follows: 1*DIGIT (leading zeros allowed) of value <= 65535 */
     unsigned flags;            /* BB_F_* */
     int status;                /* on -1: 400, 414, 431, 501 or 505 */
 };
@@ -75,14 +83,22 @@ struct bb_request {
  * returned -2 (0 on the first call); only the new bytes are rescanned for the
  * end of the head.
  *
+ * A fragment ("#..." in the target, which RFC 9112 does not allow there) is
+ * dropped: it is in none of target, path and query. An HTTP/1.x version with
+ * a minor above 1 is parsed as HTTP/1.1 (minor_version 1).
+ *
  * Rejects (status): malformed request line or field syntax, whitespace before
  * a colon, obs-fold, control characters (NUL, bare CR, ...) in fields, invalid
- * method/target characters, HTTP/1.1 without Host or with two Hosts,
+ * method/target characters, HTTP/1.1 without Host or with two Hosts, an
+ * invalid Host value or absolute-form authority (parse_authority in bb_http.c:
+ * a non-empty reg-name or "[" IPv6address "]", then optionally ":" and a port
+ * of 1*DIGIT with a value of at most 65535; an empty Host is valid),
  * Content-Length with sign/hex/list/overflow or repeated, Content-Length with
  * Transfer-Encoding, repeated Transfer-Encoding -> 400; request line or URI
  * over the limit -> 414; too many / too large header fields -> 431;
- * Transfer-Encoding other than exactly "chunked" -> 501; version other than
- * HTTP/1.0 or HTTP/1.1 -> 505 (malformed version -> 400).
+ * Transfer-Encoding other than exactly "chunked" -> 501; a major version
+ * other than 1 (HTTP/0.9, HTTP/2.0, ...) -> 505 (a version that is not
+ * "HTTP/" DIGIT "." DIGIT -> 400).
  */
 int bb_parse_request(const char *buf, size_t len, size_t last_len,
                      struct bb_request *req, const struct bb_limits *lim);

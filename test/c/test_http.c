@@ -68,7 +68,12 @@ struct row {
     unsigned flags;
     int host;
     const char *h[8];   /* name, value pairs to check (in order from index 0) */
+    const char *auth;   /* authority expected (NULL: not checked; NO_AUTH: must be NULL) */
+    const char *hname;  /* with auth: its uri-host part (authority[0..host_len)) */
 };
+
+static const char no_auth_mark[] = "(none)";
+#define NO_AUTH no_auth_mark
 
 #define IN(s) .in = s, .len = sizeof(s) - 1
 #define OK(c, s, m, t, p, q, mi, n, cl_, fl, ho, ...) \
@@ -78,9 +83,14 @@ struct row {
 #define ERRL(c, s, st, l) { .comment = c, IN(s), .ret = -1, .status = st, .lim = l }
 #define MORE(c, s) { .comment = c, IN(s), .ret = -2 }
 #define MOREL(c, s, l) { .comment = c, IN(s), .ret = -2, .lim = l }
+/* A GET with one field line (Host) whose authority is checked. */
+#define GET1(c, s, t, p, q, mi, fl, a, hn) \
+    { .comment = c, IN(s), .ret = ALL, .method = "GET", .target = t, .path = p, .query = q, \
+      .minor = mi, .nh = 1, .cl = -1, .flags = fl, .host = 0, .auth = a, .hname = hn }
 
 #define H11 " HTTP/1.1\r\nHost: a\r\n"
 #define CH BB_F_CHUNKED
+#define AF BB_F_ABSOLUTE_FORM
 
 static const struct limits_row L_URI8 = { 8192, 8, 100, 65536 };
 static const struct limits_row L_RL17 = { 17, 8192, 100, 65536 };
@@ -111,13 +121,13 @@ static const struct row rows[] = {
     OK("HEAD", "HEAD /x HTTP/1.1\r\nHost: h\r\n\r\n", "HEAD", "/x", "/x", NULL, 1, 1, -1, 0, 0),
     OK("OPTIONS *", "OPTIONS * HTTP/1.1\r\nHost: h\r\n\r\n", "OPTIONS", "*", "*", NULL, 1, 1, -1, 0, 0),
     OK("absolute-form", "GET http://example.com:8080/p?q=1 HTTP/1.1\r\nHost: example.com:8080\r\n\r\n",
-       "GET", "http://example.com:8080/p?q=1", "/p", "q=1", 1, 1, -1, 0, 0),
+       "GET", "http://example.com:8080/p?q=1", "/p", "q=1", 1, 1, -1, AF, 0),
     OK("absolute-form without path -> /", "GET http://example.com HTTP/1.1\r\nHost: example.com\r\n\r\n",
-       "GET", "http://example.com", "/", NULL, 1, 1, -1, 0, 0),
+       "GET", "http://example.com", "/", NULL, 1, 1, -1, AF, 0),
     OK("absolute-form https, query, no path", "GET https://example.com?x HTTP/1.1\r\nHost: e\r\n\r\n",
-       "GET", "https://example.com?x", "/", "x", 1, 1, -1, 0, 0),
+       "GET", "https://example.com?x", "/", "x", 1, 1, -1, AF, 0),
     OK("absolute-form scheme is case-insensitive", "GET HTTP://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
-       "GET", "HTTP://a/", "/", NULL, 1, 1, -1, 0, 0),
+       "GET", "HTTP://a/", "/", NULL, 1, 1, -1, AF, 0),
     OK("any token is a method", "M-SEARCH /x HTTP/1.1\r\nHost: h\r\n\r\n",
        "M-SEARCH", "/x", "/x", NULL, 1, 1, -1, 0, 0),
     OK("chunked", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -177,6 +187,45 @@ static const struct row rows[] = {
        "/wp-content/uploads/2010/03/hello-kitty-darth-vader-pink.jpg", NULL, 1, 9, -1,
        BB_F_CONN_KEEPALIVE, 0, "Host", "www.kittyhell.com"),
 
+    /* --- RFC 9110 2.5: a higher HTTP/1.x minor is read as HTTP/1.1 --- */
+    GET1("HTTP/1.2 is HTTP/1.1", "GET / HTTP/1.2\r\nHost: a\r\n\r\n", "/", "/", NULL, 1, 0, "a", "a"),
+    GET1("HTTP/1.9 is HTTP/1.1", "GET / HTTP/1.9\r\nHost: a\r\n\r\n", "/", "/", NULL, 1, 0, "a", "a"),
+    OK("HTTP/1.0 stays 1.0", "GET / HTTP/1.0\r\n\r\n", "GET", "/", "/", NULL, 0, 0, -1, 0, -1),
+    { .comment = "HTTP/1.0 without Host has no authority", IN("GET / HTTP/1.0\r\n\r\n"), .ret = ALL,
+      .method = "GET", .target = "/", .path = "/", .minor = 0, .nh = 0, .cl = -1, .host = -1, .auth = NO_AUTH },
+
+    /* --- fragments are dropped from target, path and query --- */
+    GET1("fragment after the path", "GET /a#frag HTTP/1.1\r\nHost: h\r\n\r\n", "/a", "/a", NULL, 1, 0, "h", "h"),
+    GET1("fragment after the query", "GET /a?x=1#f HTTP/1.1\r\nHost: h\r\n\r\n", "/a?x=1", "/a", "x=1", 1, 0, "h", "h"),
+    GET1("'#' right after '?': empty query", "GET /a?#f HTTP/1.1\r\nHost: h\r\n\r\n", "/a?", "/a", "", 1, 0, "h", "h"),
+    GET1("'?' inside the fragment is not a query", "GET /a#f?x=1 HTTP/1.1\r\nHost: h\r\n\r\n", "/a", "/a", NULL, 1, 0, "h", "h"),
+    GET1("empty fragment", "GET /# HTTP/1.1\r\nHost: h\r\n\r\n", "/", "/", NULL, 1, 0, "h", "h"),
+    GET1("two '#'", "GET /a#b#c HTTP/1.1\r\nHost: h\r\n\r\n", "/a", "/a", NULL, 1, 0, "h", "h"),
+    OK("OPTIONS * with a fragment", "OPTIONS *#x HTTP/1.1\r\nHost: h\r\n\r\n",
+       "OPTIONS", "*", "*", NULL, 1, 1, -1, 0, 0),
+    GET1("absolute-form: fragment right after the authority", "GET http://a.example#f HTTP/1.1\r\nHost: h\r\n\r\n",
+         "http://a.example", "/", NULL, 1, AF, "a.example", "a.example"),
+    GET1("absolute-form: query then fragment", "GET http://a.example?q#f?g HTTP/1.1\r\nHost: h\r\n\r\n",
+         "http://a.example?q", "/", "q", 1, AF, "a.example", "a.example"),
+    GET1("absolute-form: path, '?' in the fragment", "GET http://a.example/p#f?g HTTP/1.1\r\nHost: h\r\n\r\n",
+         "http://a.example/p", "/p", NULL, 1, AF, "a.example", "a.example"),
+
+    /* --- absolute-form: the target's authority, not Host (RFC 9112 3.2.2) --- */
+    GET1("absolute-form authority wins over Host", "GET http://a.example/x HTTP/1.1\r\nHost: b.example\r\n\r\n",
+         "http://a.example/x", "/x", NULL, 1, AF, "a.example", "a.example"),
+    GET1("absolute-form authority with port", "GET http://a.example:8443/x HTTP/1.1\r\nHost: b.example:80\r\n\r\n",
+         "http://a.example:8443/x", "/x", NULL, 1, AF, "a.example:8443", "a.example"),
+    GET1("absolute-form with an empty Host", "GET http://a.example/ HTTP/1.1\r\nHost:\r\n\r\n",
+         "http://a.example/", "/", NULL, 1, AF, "a.example", "a.example"),
+    GET1("absolute-form IPv6 authority", "GET http://[::1]:8080?x HTTP/1.1\r\nHost: h\r\n\r\n",
+         "http://[::1]:8080?x", "/", "x", 1, AF, "[::1]:8080", "[::1]"),
+    { .comment = "absolute-form in HTTP/1.0 without Host", IN("GET http://a.example/x HTTP/1.0\r\n\r\n"),
+      .ret = ALL, .method = "GET", .target = "http://a.example/x", .path = "/x", .minor = 0, .nh = 0, .cl = -1,
+      .flags = AF, .host = -1, .auth = "a.example", .hname = "a.example" },
+    GET1("Host is the authority of an origin-form request", "GET / HTTP/1.1\r\nHost: b.example:8080\r\n\r\n",
+         "/", "/", NULL, 1, 0, "b.example:8080", "b.example"),
+    GET1("empty Host: an empty authority", "GET / HTTP/1.1\r\nHost: \r\n\r\n", "/", "/", NULL, 1, 0, "", ""),
+
     /* --- incomplete --- */
     MORE("empty input", ""),
     MORE("method only", "GET"),
@@ -214,6 +263,12 @@ static const struct row rows[] = {
     ERR("version without minor", "GET / HTTP/1\r\nHost: a\r\n\r\n", 400),
     ERR("version with 2-digit minor", "GET / HTTP/1.10\r\nHost: a\r\n\r\n", 400),
     ERR("version with 2-digit major", "GET / HTTP/11.1\r\nHost: a\r\n\r\n", 400),
+    ERR("version with a leading zero in the major", "GET / HTTP/01.1\r\nHost: a\r\n\r\n", 400),
+    ERR("version with a leading zero in the minor", "GET / HTTP/1.01\r\nHost: a\r\n\r\n", 400),
+    ERR("version 1.2 with 2-digit minor", "GET / HTTP/1.20\r\nHost: a\r\n\r\n", 400),
+    ERR("fragment only", "GET #/a HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ERR("OPTIONS *? is not asterisk-form", "OPTIONS *?x HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ERR("absolute-form with only a fragment as authority", "GET http://#a HTTP/1.1\r\nHost: h\r\n\r\n", 400),
     ERR("SP after version", "GET / HTTP/1.1 \r\nHost: a\r\n\r\n", 400),
     ERR("HTTP/0.9 style request", "GET /\r\n\r\n", 400),
     ERR("bare LF after request line", "GET / HTTP/1.1\nHost: a\r\n\r\n", 400),
@@ -223,7 +278,9 @@ static const struct row rows[] = {
     ERR("NUL first", "\0GET / HTTP/1.1\r\n\r\n", 400),
     /* --- version: 505 --- */
     ERR("HTTP/2.0", "GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505),
-    ERR("HTTP/1.2", "GET / HTTP/1.2\r\nHost: a\r\n\r\n", 505),
+    ERR("HTTP/1.2 without Host, like 1.1", "GET / HTTP/1.2\r\n\r\n", 400),
+    ERR("HTTP/9.9", "GET / HTTP/9.9\r\nHost: a\r\n\r\n", 505),
+    ERR("HTTP/0.0", "GET / HTTP/0.0\r\n\r\n", 505),
     ERR("HTTP/0.9", "GET / HTTP/0.9\r\n\r\n", 505),
     ERR("505 is decided before the field lines", "GET / HTTP/3.0\r\nbad line\r\n\r\n", 505),
     ERR("400 in the target wins over 505", "GET /\x01 HTTP/2.0\r\n\r\n", 400),
@@ -285,6 +342,10 @@ static const struct row rows[] = {
     ERR("Host with SP", "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", 400),
     ERR("Host with /", "GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400),
     ERR("Host with userinfo", "GET / HTTP/1.1\r\nHost: u@a\r\n\r\n", 400),
+    ERR("invalid Host with an absolute-form target is still 400",
+        "GET http://a.example/ HTTP/1.1\r\nHost: b:x\r\n\r\n", 400),
+    ERR("valid target authority, second Host", "GET http://a/ HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", 400),
+    /* (every Host / authority shape: host_cases below) */
 
     /* --- limits at and over each boundary (small custom limits) --- */
     { .comment = "target of exactly max_uri (8)", IN("GET /2345678 HTTP/1.1\r\nHost: a\r\n\r\n"),
@@ -346,6 +407,8 @@ struct result {
     long long cl;
     unsigned flags;
     int host;
+    long auth;
+    size_t auth_len, host_len;
     long hoff[2 * 100];
     size_t hlen[2 * 100];
 };
@@ -387,6 +450,9 @@ static void run_parse(const struct row *r, const char *buf, size_t len, size_t l
     out->cl = req.content_length;
     out->flags = req.flags;
     out->host = req.host_index;
+    out->auth = off(req.authority, buf);
+    out->auth_len = req.authority_len;
+    out->host_len = req.host_len;
     for (size_t i = 0; i < req.num_headers && i < 100; i++) {
         out->hoff[2 * i] = off(hdrs[i].name, buf);
         out->hlen[2 * i] = hdrs[i].name_len;
@@ -422,12 +488,19 @@ static const char *check_row(const struct row *r, const char *buf, const struct 
     if (g->cl != r->cl) return "content_length";
     if (g->flags != r->flags) return "flags";
     if (g->host != r->host) return "host_index";
+    if (r->auth == NO_AUTH && g->auth != -1) return "authority (expected none)";
+    if (r->auth && r->auth != NO_AUTH) {
+        if (!str_eq(buf, g->auth, g->auth_len, r->auth)) return "authority";
+        if (!str_eq(buf, g->auth, g->host_len, r->hname)) return "authority: host part";
+        if (g->host_len < g->auth_len && buf[g->auth + (long)g->host_len] != ':') return "authority: ':' after host";
+    }
     for (int i = 0; i < 8 && r->h[i]; i++)
         if (!str_eq(buf, g->hoff[i], g->hlen[i], r->h[i])) return "header name/value";
     /* every pointer lies inside the head */
     long lim = g->ret;
     if (g->method + (long)g->method_len > lim || g->target + (long)g->target_len > lim ||
-        g->path + (long)g->path_len > lim || g->query + (long)g->query_len > lim) return "pointer bounds";
+        g->path + (long)g->path_len > lim || g->query + (long)g->query_len > lim ||
+        g->auth + (long)g->auth_len > lim) return "pointer bounds";
     return NULL;
 }
 
@@ -557,6 +630,150 @@ static void build_big_rows(void)
     r = &big_rows[n_big++];
     *r = (struct row){ .comment = "default limits: 101 fields", .in = e,
                        .len = (size_t)(p - e), .ret = -1, .status = 431 };
+}
+
+/* ------------------------------------------------- Host and authority */
+
+/*
+ * Each value is tried as a Host field ("GET / ... Host: V") and as the authority
+ * of an absolute-form target ("GET http://V/p ... Host: x"); both must agree
+ * (same rules), except where noted. host: the expected uri-host when accepted.
+ */
+struct hcase {
+    const char *value;
+    int field_ok;  /* 1: accepted as Host, 0: 400 */
+    int target_ok; /* 1: accepted in the target, 0: 400, -1: not tried (the value holds '/', '?' or '#') */
+    const char *host;
+};
+
+static const struct hcase host_cases[] = {
+    /* valid */
+    { "example.com", 1, 1, "example.com" },
+    { "example.com:8080", 1, 1, "example.com" },
+    { "EXAMPLE.com.:443", 1, 1, "EXAMPLE.com." },
+    { "127.0.0.1:80", 1, 1, "127.0.0.1" },
+    { "1.2.3.999", 1, 1, "1.2.3.999" }, /* not an IPv4address, but a valid reg-name */
+    { "a-b_c.~!$&'()*+,;=", 1, 1, "a-b_c.~!$&'()*+,;=" },
+    { "%41%7e.example", 1, 1, "%41%7e.example" },
+    { "h:0", 1, 1, "h" },
+    { "h:65535", 1, 1, "h" },
+    { "h:000080", 1, 1, "h" },
+    { "[::1]", 1, 1, "[::1]" },
+    { "[::1]:8080", 1, 1, "[::1]" },
+    { "[::]", 1, 1, "[::]" },
+    { "[2001:DB8::a:1]:443", 1, 1, "[2001:DB8::a:1]" },
+    { "[1:2:3:4:5:6:7:8]", 1, 1, "[1:2:3:4:5:6:7:8]" },
+    { "[1:2:3:4:5:6:7::]", 1, 1, "[1:2:3:4:5:6:7::]" },
+    { "[::2:3:4:5:6:7:8]", 1, 1, "[::2:3:4:5:6:7:8]" },
+    { "[1::8]", 1, 1, "[1::8]" },
+    { "[::ffff:192.0.2.1]", 1, 1, "[::ffff:192.0.2.1]" },
+    { "[1:2:3:4:5:6:255.255.255.255]", 1, 1, "[1:2:3:4:5:6:255.255.255.255]" },
+    { "[::1.2.3.4]:1", 1, 1, "[::1.2.3.4]" },
+    { "", 1, 0, "" }, /* an empty Host is valid; an empty host in a URI is not */
+    /* invalid: port */
+    { "foo:abc", 0, 0, NULL },
+    { "a:1:2", 0, 0, NULL },
+    { "h:", 0, 0, NULL },
+    { "h:65536", 0, 0, NULL },
+    { "h:99999999999", 0, 0, NULL },
+    { "h:99999999999999999999999", 0, 0, NULL },
+    { "h:-1", 0, 0, NULL },
+    { "h:+80", 0, 0, NULL },
+    { "h:8a", 0, 0, NULL },
+    { "h: 80", 0, 0, NULL },
+    { ":80", 0, 0, NULL }, /* empty host */
+    { ":", 0, 0, NULL },
+    /* invalid: reg-name bytes */
+    { "a b", 0, 0, NULL },
+    { "a\tb", 0, 0, NULL },
+    { "u@h", 0, 0, NULL },
+    { "@h", 0, 0, NULL },
+    { "a/b", 0, -1, NULL },
+    { "a?b", 0, -1, NULL },
+    { "a#b", 0, -1, NULL },
+    { "a\"b", 0, 0, NULL },
+    { "a<b>", 0, 0, NULL },
+    { "a\\b", 0, 0, NULL },
+    { "a^b", 0, 0, NULL },
+    { "a{b}", 0, 0, NULL },
+    { "a|b", 0, 0, NULL },
+    { "a`b", 0, 0, NULL },
+    { "caf\xc3\xa9", 0, 0, NULL }, /* obs-text: allowed in field values, not in a host */
+    { "%", 0, 0, NULL },
+    { "a%4", 0, 0, NULL },
+    { "a%zz", 0, 0, NULL },
+    { "a%4:80", 0, 0, NULL },
+    { "]", 0, 0, NULL },
+    { "a[b]", 0, 0, NULL },
+    /* invalid: IP-literal */
+    { "[::1", 0, 0, NULL },
+    { "[::1]x", 0, 0, NULL },
+    { "[::1]:", 0, 0, NULL },
+    { "[::1]:99999", 0, 0, NULL },
+    { "[::1]]", 0, 0, NULL },
+    { "[[::1]]", 0, 0, NULL },
+    { "[]", 0, 0, NULL },
+    { "[:]", 0, 0, NULL },
+    { "[:::]", 0, 0, NULL },
+    { "[:::1]", 0, 0, NULL },
+    { "[:1]", 0, 0, NULL },
+    { "[1:]", 0, 0, NULL },
+    { "[1::2::3]", 0, 0, NULL },
+    { "[12345::]", 0, 0, NULL },
+    { "[::g]", 0, 0, NULL },
+    { "[1:2:3:4:5:6:7]", 0, 0, NULL },
+    { "[1:2:3:4:5:6:7:8:9]", 0, 0, NULL },
+    { "[1:2:3:4:5:6:7:8::]", 0, 0, NULL },
+    { "[::1:2:3:4:5:6:7:8]", 0, 0, NULL },
+    { "[1:2:3:4:5:6:7:1.2.3.4]", 0, 0, NULL },
+    { "[::1.2.3.256]", 0, 0, NULL },
+    { "[::1.2.3]", 0, 0, NULL },
+    { "[::1.2.3.4.5]", 0, 0, NULL },
+    { "[::01.2.3.4]", 0, 0, NULL },
+    { "[::1.2.3.4:1]", 0, 0, NULL },
+    { "[::a.2.3.4]", 0, 0, NULL },
+    { "[1.2.3.4]", 0, 0, NULL },
+    { "[fe80::1%25eth0]", 0, 0, NULL }, /* zone ID (RFC 6874): not in HTTP's Host */
+    { "[fe80::1%eth0]", 0, 0, NULL },
+    { "[v1.x]", 0, 0, NULL },           /* IPvFuture: no such address can reach us */
+    { "[example.com]", 0, 0, NULL },
+};
+
+#define N_HOST_CASES (sizeof(host_cases) / sizeof(host_cases[0]))
+static struct row host_rows[2 * N_HOST_CASES];
+static size_t n_host_rows;
+
+static void build_host_rows(void)
+{
+    static char bufs[2 * N_HOST_CASES][256], targets[N_HOST_CASES][128], comments[2 * N_HOST_CASES][128];
+    for (size_t i = 0; i < N_HOST_CASES; i++) {
+        const struct hcase *c = &host_cases[i];
+        struct row *r = &host_rows[n_host_rows];
+        char *in = bufs[n_host_rows];
+        int n = snprintf(in, sizeof(bufs[0]), "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", c->value);
+        snprintf(comments[n_host_rows], sizeof(comments[0]), "Host: \"%s\"", c->value);
+        if (c->field_ok)
+            *r = (struct row){ .in = in, .len = (size_t)n, .ret = ALL, .method = "GET", .target = "/",
+                               .path = "/", .minor = 1, .nh = 1, .cl = -1, .host = 0, .auth = c->value,
+                               .hname = c->host };
+        else
+            *r = (struct row){ .in = in, .len = (size_t)n, .ret = -1, .status = 400 };
+        r->comment = comments[n_host_rows++];
+        if (c->target_ok < 0) continue;
+
+        r = &host_rows[n_host_rows];
+        in = bufs[n_host_rows];
+        n = snprintf(in, sizeof(bufs[0]), "GET http://%s/p HTTP/1.1\r\nHost: x\r\n\r\n", c->value);
+        snprintf(targets[i], sizeof(targets[0]), "http://%s/p", c->value);
+        snprintf(comments[n_host_rows], sizeof(comments[0]), "target \"http://%s/p\"", c->value);
+        if (c->target_ok)
+            *r = (struct row){ .in = in, .len = (size_t)n, .ret = ALL, .method = "GET", .target = targets[i],
+                               .path = "/p", .minor = 1, .nh = 1, .cl = -1, .flags = BB_F_ABSOLUTE_FORM,
+                               .host = 0, .auth = c->value, .hname = c->host };
+        else
+            *r = (struct row){ .in = in, .len = (size_t)n, .ret = -1, .status = 400 };
+        r->comment = comments[n_host_rows++];
+    }
 }
 
 /* ------------------------------------------------------------- chunked */
@@ -830,6 +1047,7 @@ int main(void)
 {
     page = (size_t)sysconf(_SC_PAGESIZE);
     build_big_rows();
+    build_host_rows();
     misc_tests();
 
     int impls[2] = { 0, 1 };
@@ -842,6 +1060,7 @@ int main(void)
         check(strcmp(impl, impls[ii] ? "sse4.2" : "scalar") == 0, "bb_http_impl");
         for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) test_row(&rows[i], impl);
         for (size_t i = 0; i < n_big; i++) test_row(&big_rows[i], impl);
+        for (size_t i = 0; i < n_host_rows; i++) test_row(&host_rows[i], impl);
         scanner_offsets(impl);
     }
     for (size_t i = 0; i < sizeof(crows) / sizeof(crows[0]); i++) test_crow(&crows[i]);

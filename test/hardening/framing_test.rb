@@ -5,7 +5,7 @@ require_relative "../test_helper"
 # Strict message framing (RFC 9112), the cases test/integration/errors_test.rb does not
 # cover. The expected statuses are those ext/blackbuck/bb_http.c intends: 400 for syntax
 # and framing errors (including "chunked" not last, RFC 9112 6.3), 501 for a transfer
-# coding other than "chunked", 505 for a version other than 1.0/1.1, 414 past the request
+# coding other than "chunked", 505 for a major version other than 1, 414 past the request
 # line limit. Every rejection must be a complete response with "Connection: close", then
 # EOF, and the request pipelined behind it must never be answered.
 class StrictFramingTest < ServerTest
@@ -84,6 +84,11 @@ class StrictFramingTest < ServerTest
     "HTTP/1 without minor" => ["GET / HTTP/1\r\n#{H}\r\n", 400],
     "HTTP/0.9 version" => ["GET / HTTP/0.9\r\n#{H}\r\n", 505],
     "HTTP/3.0" => ["GET / HTTP/3.0\r\n#{H}\r\n", 505],
+    "HTTP/2.0" => ["GET / HTTP/2.0\r\n#{H}\r\n", 505],
+    "HTTP/01.1" => ["GET / HTTP/01.1\r\n#{H}\r\n", 400],
+    "HTTP/1.01" => ["GET / HTTP/1.01\r\n#{H}\r\n", 400],
+    "HTTP/1.2 without Host, as 1.1" => ["GET / HTTP/1.2\r\n\r\n", 400],
+    "a fragment alone as the target" => ["GET #x HTTP/1.1\r\n#{H}\r\n", 400],
     "two spaces after the method" => ["GET  / HTTP/1.1\r\n#{H}\r\n", 400],
     "tab between method and target" => ["GET\t/ HTTP/1.1\r\n#{H}\r\n", 400],
     "trailing space after the version" => ["GET / HTTP/1.1 \r\n#{H}\r\n", 400],
@@ -94,7 +99,31 @@ class StrictFramingTest < ServerTest
     "Host with userinfo" => ["GET / HTTP/1.1\r\nHost: user@a\r\n\r\n", 400],
     "Host with a slash" => ["GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", 400],
     "two Hosts differing only in case" => ["GET / HTTP/1.1\r\nHost: a\r\nhost: a\r\n\r\n", 400],
-    "two Hosts in HTTP/1.0" => ["GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400]
+    "two Hosts in HTTP/1.0" => ["GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400],
+    # Host syntax (RFC 9110 7.2: uri-host [":" port]); Rack::Lint would reject each of these
+    "Host with a non-numeric port" => ["GET / HTTP/1.1\r\nHost: foo:abc\r\n\r\n", 400],
+    "Host with two ports" => ["GET / HTTP/1.1\r\nHost: a:1:2\r\n\r\n", 400],
+    "Host with an empty port" => ["GET / HTTP/1.1\r\nHost: a:\r\n\r\n", 400],
+    "Host with port 65536" => ["GET / HTTP/1.1\r\nHost: a:65536\r\n\r\n", 400],
+    "Host with an 11-digit port" => ["GET / HTTP/1.1\r\nHost: a:99999999999\r\n\r\n", 400],
+    "Host with a port only" => ["GET / HTTP/1.1\r\nHost: :80\r\n\r\n", 400],
+    "Host IPv6 without the closing bracket" => ["GET / HTTP/1.1\r\nHost: [::1\r\n\r\n", 400],
+    "Host IPv6 with junk after the bracket" => ["GET / HTTP/1.1\r\nHost: [::1]x\r\n\r\n", 400],
+    "Host IPv6 with an empty port" => ["GET / HTTP/1.1\r\nHost: [::1]:\r\n\r\n", 400],
+    "Host IPv6 with nine groups" => ["GET / HTTP/1.1\r\nHost: [1:2:3:4:5:6:7:8:9]\r\n\r\n", 400],
+    "Host IPv6 with two ::" => ["GET / HTTP/1.1\r\nHost: [1::2::3]\r\n\r\n", 400],
+    "Host IPv6 with a zone ID" => ["GET / HTTP/1.1\r\nHost: [fe80::1%25eth0]\r\n\r\n", 400],
+    "Host IPvFuture" => ["GET / HTTP/1.1\r\nHost: [v1.x]\r\n\r\n", 400],
+    "Host with a bad percent-encoding" => ["GET / HTTP/1.1\r\nHost: a%zz\r\n\r\n", 400],
+    "Host with a quote" => ["GET / HTTP/1.1\r\nHost: a\"b\r\n\r\n", 400],
+    "Host with non-ASCII bytes" => ["GET / HTTP/1.1\r\nHost: caf\xC3\xA9\r\n\r\n", 400],
+    "invalid Host beside an absolute-form target" => ["GET http://a/ HTTP/1.1\r\nHost: a:b\r\n\r\n", 400],
+    "absolute-form with a non-numeric port" => ["GET http://a:abc/ HTTP/1.1\r\n#{H}\r\n", 400],
+    "absolute-form with port 65536" => ["GET http://a:65536/ HTTP/1.1\r\n#{H}\r\n", 400],
+    "absolute-form with an empty port" => ["GET http://a:/ HTTP/1.1\r\n#{H}\r\n", 400],
+    "absolute-form with a port only" => ["GET http://:80/ HTTP/1.1\r\n#{H}\r\n", 400],
+    "absolute-form with a broken IPv6 literal" => ["GET http://[::1/ HTTP/1.1\r\n#{H}\r\n", 400],
+    "absolute-form with a zone ID" => ["GET http://[fe80::1%25eth0]/ HTTP/1.1\r\n#{H}\r\n", 400]
   }.freeze
 
   # One server for the whole class (each case is one connection; starting ~80 servers would
@@ -161,6 +190,48 @@ class StrictFramingTest < ServerTest
     assert_equal 200, res.status
     assert_includes res.body, "PATH_INFO=/\n"
     assert_includes res.body, "QUERY_STRING=q\n"
+  end
+
+  # RFC 9112 3.2.2: the target's authority, not Host, in SERVER_NAME/PORT and HTTP_HOST alike.
+  def test_absolute_form_authority_replaces_host
+    { "GET http://a.example HTTP/1.1\r\nHost: b.example\r\n\r\n" => ["/", "", "a.example", "80"],
+      "GET http://a.example?x=1 HTTP/1.1\r\nHost: b.example\r\n\r\n" => ["/", "x=1", "a.example", "80"],
+      "GET http://a.example:81#f HTTP/1.1\r\nHost: b.example:82\r\n\r\n" => ["/", "", "a.example:81", "81"],
+      "GET http://[::1]:8080/p HTTP/1.1\r\nHost:\r\n\r\n" => ["/p", "", "[::1]:8080", "8080"] }.each do |req, want|
+      res = one(req)
+      assert_equal 200, res.status, req.inspect
+      path, query, host, port = want
+      assert_includes res.body, "PATH_INFO=#{path}\nQUERY_STRING=#{query}\n", req.inspect
+      assert_includes res.body, "SERVER_NAME=#{host.sub(/:\d+\z/, '')}\nSERVER_PORT=#{port}\n", req.inspect
+      assert_includes res.body, "HTTP_HOST=#{host}\n", req.inspect
+    end
+  end
+
+  def test_fragment_is_dropped
+    res = one("GET /a?x=1#frag?y=2 HTTP/1.1\r\n#{H}\r\n")
+    assert_equal 200, res.status
+    assert_includes res.body, "PATH_INFO=/a\nQUERY_STRING=x=1\nREQUEST_URI=/a?x=1\n"
+    res = one("GET /a?#frag HTTP/1.1\r\n#{H}\r\n")
+    assert_includes res.body, "PATH_INFO=/a\nQUERY_STRING=\nREQUEST_URI=/a?\n"
+  end
+
+  def test_http_1_2_is_answered_as_http_1_1
+    res = one("GET / HTTP/1.2\r\n#{H}\r\n")
+    assert_match %r{\AHTTP/1\.1 200 }, res.raw
+    assert_includes res.body, "SERVER_PROTOCOL=HTTP/1.1\n"
+  end
+
+  # Valid Host shapes stay accepted, and the port is split off SERVER_NAME.
+  def test_valid_host_forms_are_accepted
+    { "example.com" => %w[example.com 80], "example.com:8080" => %w[example.com 8080],
+      "127.0.0.1:80" => %w[127.0.0.1 80], "[::1]" => %w[[::1] 80], "[::1]:8080" => %w[[::1] 8080],
+      "[::ffff:192.0.2.1]:443" => %w[[::ffff:192.0.2.1] 443], "a-b_c.~!$&'()*+,;=%41" => %w[a-b_c.~!$&'()*+,;=%41 80] }
+      .each do |host, (name, port)|
+      res = one("GET / HTTP/1.1\r\nHost: #{host}\r\n\r\n")
+      assert_equal 200, res.status, host
+      assert_includes res.body, "SERVER_NAME=#{name}\nSERVER_PORT=#{port}\n", host
+      assert_includes res.body, "HTTP_HOST=#{host}\n", host
+    end
   end
 
   def test_options_asterisk_is_accepted

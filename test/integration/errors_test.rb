@@ -33,7 +33,10 @@ class ErrorStatusTest < ServerTest
     "final coding not chunked" => ["POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", 400],
     "coding list without chunked" => ["POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, deflate\r\n\r\n", 501],
     "HTTP/2.0 in a request line" => ["GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505],
-    "HTTP/1.2" => ["GET / HTTP/1.2\r\nHost: x\r\n\r\n", 505],
+    "HTTP/0.9 version" => ["GET / HTTP/0.9\r\nHost: x\r\n\r\n", 505],
+    # RFC 9110 2.5: HTTP/1.2 is read as HTTP/1.1 (not 505), so 1.1's rules hold: Host is required
+    "HTTP/1.2 without Host" => ["GET / HTTP/1.2\r\n\r\n", 400],
+    "invalid Host port" => ["GET / HTTP/1.1\r\nHost: x:abc\r\n\r\n", 400],
     "chunk size junk" => ["POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400],
     "chunk size overflow" =>
       ["POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nfffffffffffffffffffff\r\n", 400],

@@ -304,6 +304,75 @@ class HTTPTest < ServerTest
     io&.close
   end
 
+  # RFC 9112 3.2.2: the Host field is ignored, and Rack/Rails read the host from HTTP_HOST, so
+  # HTTP_HOST must name the target's authority too (as in Unicorn), not what Host said.
+  def test_absolute_form_target_authority_is_also_http_host
+    io = @server.tcp
+    io.write("GET http://a.example:8443/env?q=1 HTTP/1.1\r\nHost: b.example\r\n\r\n")
+    env = JSON.parse(read_response(io).body)
+    assert_equal "a.example:8443", env["HTTP_HOST"]
+    assert_equal "a.example", env["SERVER_NAME"]
+    assert_equal "8443", env["SERVER_PORT"]
+    assert_equal "http://a.example:8443/env?q=1", env["REQUEST_URI"]
+    io.write("GET HTTP://[::1]/env HTTP/1.0\r\n\r\n") # HTTP/1.0 needs no Host: the target gives it
+    env = JSON.parse(read_response(io).body)
+    assert_equal "[::1]", env["HTTP_HOST"]
+    assert_equal "[::1]", env["SERVER_NAME"]
+    assert_equal "80", env["SERVER_PORT"]
+  ensure
+    io&.close
+  end
+
+  def test_host_value_is_split_into_server_name_and_port
+    { "[::1]:8080" => ["[::1]", "8080"], "[2001:db8::1]" => ["[2001:db8::1]", "80"],
+      "127.0.0.1:0081" => ["127.0.0.1", "0081"], "Example.COM." => ["Example.COM.", "80"] }.each do |host, (name, port)|
+      io = @server.tcp
+      env = JSON.parse(request(io, "GET", "/env", headers: { "Host" => host }).body)
+      assert_equal [host, name, port], env.values_at("HTTP_HOST", "SERVER_NAME", "SERVER_PORT"), host
+    ensure
+      io&.close
+    end
+  end
+
+  # A fragment is never sent by a conforming client (RFC 9112 3.2); when one is, it is cut off
+  # everywhere: PATH_INFO, QUERY_STRING and REQUEST_URI.
+  def test_fragment_is_dropped_from_path_query_and_request_uri
+    io = @server.tcp
+    { "/env#frag" => ["/env", "", "/env"], "/env?a=1#frag?b=2" => ["/env", "a=1", "/env?a=1"],
+      "/env?#frag" => ["/env", "", "/env?"], "/env#f?a=1" => ["/env", "", "/env"],
+      "http://h.example/env?a#f" => ["/env", "a", "http://h.example/env?a"] }.each do |target, want|
+      io.write("GET #{target} HTTP/1.1\r\nHost: x\r\n\r\n")
+      res = read_response(io)
+      assert_equal 200, res.status, target
+      env = JSON.parse(res.body)
+      assert_equal want, env.values_at("PATH_INFO", "QUERY_STRING", "REQUEST_URI"), target
+    end
+  ensure
+    io&.close
+  end
+
+  # RFC 9110 2.5: HTTP/1.2 (and any 1.x above 1.1) is answered as HTTP/1.1, with 1.1's rules:
+  # keep-alive by default, chunked streaming, Host required.
+  def test_http_1_minor_above_1_is_served_as_http_1_1
+    io = @server.tcp
+    io.write("GET /env HTTP/1.2\r\nHost: x\r\n\r\n")
+    res = read_response(io)
+    assert_match %r{\AHTTP/1\.1 200 }, res.raw
+    assert_nil res["connection"], "kept alive as in 1.1"
+    env = JSON.parse(res.body)
+    assert_equal "HTTP/1.1", env["SERVER_PROTOCOL"]
+    io.write("GET /each HTTP/1.9\r\nHost: x\r\n\r\n")
+    res = read_response(io)
+    assert_equal "chunked", res["transfer-encoding"]
+    assert_equal "abbccc", res.body
+    io.write("GET /hello HTTP/1.2\r\n\r\n")
+    assert_equal 400, read_response(io).status, "no Host: 400, as in 1.1"
+    io.close
+    assert_match %r{\AHTTP/1\.1 505 }, raw(@server, "GET /hello HTTP/2.0\r\nHost: x\r\n\r\n")
+  ensure
+    io&.close
+  end
+
   def test_full_hijack
     io = @server.tcp
     res = request(io, "GET", "/hijack")

@@ -27,4 +27,28 @@ class RackLintTest < ServerTest
   ensure
     io&.close
   end
+
+  # Request-target, Host and version edge cases: what the server accepts gives an env Lint
+  # accepts (HTTP_HOST, SERVER_NAME/PORT, PATH_INFO without '#'); the rest is a 400, never an
+  # env that makes Lint raise (a 500).
+  def test_target_host_and_version_edge_cases_pass_lint_or_get_400
+    accepted = ["GET http://a.example/?q=1 HTTP/1.1\r\nHost: b.example\r\n\r\n",
+                "GET http://a.example HTTP/1.1\r\nHost: b.example\r\n\r\n",
+                "GET https://[::1]:8443?x HTTP/1.1\r\nHost: b\r\n\r\n",
+                "GET /a#frag HTTP/1.1\r\nHost: x\r\n\r\n",
+                "GET /a?b#frag HTTP/1.1\r\nHost: x\r\n\r\n",
+                "GET / HTTP/1.2\r\nHost: x\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: [2001:db8::1]:8080\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost: %41.example:0080\r\n\r\n",
+                "GET / HTTP/1.1\r\nHost:\r\n\r\n"]
+    rejected = ["foo:abc", "a:1:2", "a:", "a:65536", "a:99999999999", ":80", "[::1", "[::1]x", "[::1]:",
+                "[fe80::1%25eth0]", "[v1.x]", "[1::2::3]", "a%zz"].map { |h| "GET / HTTP/1.1\r\nHost: #{h}\r\n\r\n" }
+    rejected << "GET http://a:b/ HTTP/1.1\r\nHost: x\r\n\r\n"
+    accepted.each do |req|
+      out = raw(@server, req.sub("\r\n\r\n", "\r\nConnection: close\r\n\r\n"))
+      assert_match %r{\AHTTP/1\.1 200 .*lint ok\n\z}m, out, req.inspect
+    end
+    rejected.each { |req| assert_match %r{\AHTTP/1\.1 400 }, raw(@server, req), req.inspect }
+    refute_match(/Rack::Lint::LintError|app error/, @server.log)
+  end
 end
