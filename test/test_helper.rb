@@ -97,11 +97,12 @@ end
 class ServerProcess < ChildProcess
   attr_reader :addrs, :dir
 
-  def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true)
+  def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true, chdir: nil)
     @dir = dir || Dir.mktmpdir("bb-test")
     @workers = workers
     rackup = app.start_with?("/") ? app : File.join(APPS, app)
-    super([RbConfig.ruby, EXE, "-w", workers.to_s, *args, rackup], log_path: File.join(@dir, "server.log"), env: env)
+    super([RbConfig.ruby, EXE, "-w", workers.to_s, *args, rackup], log_path: File.join(@dir, "server.log"), env: env,
+                                                                     chdir: chdir)
     wait_ready if wait
   end
 

@@ -4,6 +4,7 @@ require "optparse"
 require "rbconfig"
 require_relative "version"
 require_relative "errors"
+require_relative "logger"
 
 module Blackbuck
   # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
@@ -31,10 +32,15 @@ module Blackbuck
 
       require_relative "../blackbuck"
       config = Config.new
-      Config::DSL.load(config, @config_file) if @config_file
+      file = @config_file || (Config::DEFAULT_FILE if File.file?(Config::DEFAULT_FILE))
+      if file
+        Config::DSL.load(config, file)
+        config.set(:config_file, file)
+      end
       @overrides.each { |k, v| config.set(k, v) }
       config.set(:rackup, rest.first) if rest.first
       config.finalize!(@env)
+      @debug = config[:debug]
       app = load_app(config)
       if @check
         @out.puts "blackbuck: #{config[:rackup]} boots (#{config[:workers]} workers, #{config[:listen].join(' ')})"
@@ -46,7 +52,7 @@ module Blackbuck
       @err.puts "blackbuck: #{e.message} (see blackbuck --help)"
       2
     rescue ConfigError, LoadError => e
-      @err.puts "blackbuck: #{e.message}"
+      say_error(e)
       1
     rescue Interrupt
       1
@@ -55,6 +61,20 @@ module Blackbuck
     private
 
     def set(key) = ->(v) { @overrides << [key, v] }
+
+    # One line on stderr, "blackbuck: message" (a message of several lines joined with " / ").
+    # With --debug (or BLACKBUCK_DEBUG=1) the whole message and the backtrace of what went wrong
+    # follow, as one entry whose further lines are indented.
+    def say_error(err)
+      cause = err.cause || err
+      if debug? && cause.backtrace
+        @err.puts Logger.entry_text("blackbuck: #{err.message}\n#{cause.class}: #{cause.message}\n#{cause.backtrace.join("\n")}")
+      else
+        @err.puts "blackbuck: #{err.message.lines.map(&:strip).reject(&:empty?).join(' / ')}"
+      end
+    end
+
+    def debug? = @debug || %w[1 true yes on].include?(@env["BLACKBUCK_DEBUG"].to_s)
 
     def option_parser
       OptionParser.new do |o|
@@ -116,11 +136,17 @@ module Blackbuck
         o.on("--body-buffer BYTES", "bodies larger than this go to a tempfile (default 114688)", &set(:body_buffer))
         o.separator ""
         o.separator "Other:"
-        o.on("-c", "--config FILE", "Ruby config file (see docs/CONFIGURATION.md)") { |f| @config_file = f }
-        o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV or development)", &set(:environment))
+        o.on("-c", "--config FILE", "Ruby config file (default config/blackbuck.rb when present; see docs/CONFIGURATION.md)") do |f|
+          @config_file = f
+        end
+        o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV, else $RAILS_ENV, else development)", &set(:environment))
         o.on("-P", "--pid FILE", "write the master's pid to FILE", &set(:pid))
         o.on("--log FILE", "append log lines to FILE instead of stderr (reopened on USR1)", &set(:log))
         o.on("--check", "load the config and the app, report, and exit without serving") { @check = true }
+        o.on("--debug", "DEBUG log entries, and the whole backtrace of a boot error (also BLACKBUCK_DEBUG=1)") do
+          @overrides << [:debug, true]
+          @debug = true
+        end
         o.on("-v", "--version", "print the version and exit") do
           @out.puts "blackbuck #{VERSION}"
           exit 0
@@ -147,10 +173,25 @@ module Blackbuck
     rescue ConfigError
       raise
     rescue SyntaxError => e
-      raise ConfigError, "cannot load #{path}: syntax error: #{e.message.lines.first.strip}"
+      raise ConfigError, "cannot load #{path}: syntax error: #{e.message}"
     rescue ScriptError, StandardError => e
-      where = e.backtrace&.find { |l| l.include?(File.basename(path)) }&.split(":in")&.first
-      raise ConfigError, "cannot load #{path}: #{e.class}: #{e.message.lines.first&.strip}#{" (#{where})" if where}"
+      where = origin(e, File.dirname(File.expand_path(path)))
+      raise ConfigError, "cannot load #{path}: #{e.class}: #{e.message}#{" (#{where})" if where}"
+    end
+
+    # Where a boot error comes from: the first frame of the backtrace inside the app's directory
+    # (a Rails initializer, a model), not bundled gems; else the first frame. Relative to the app.
+    def origin(err, app_dir)
+      frames = (err.backtrace || []).map { |l| l.split(":in ", 2).first }
+      own = frames.find do |f|
+        full = File.expand_path(f)
+        full.start_with?("#{app_dir}/") && !full.include?("/vendor/") && !full.include?("/gems/")
+      end
+      frame = own || frames.first
+      return nil unless frame
+
+      full = File.expand_path(frame)
+      full.start_with?("#{app_dir}/") ? full.delete_prefix("#{app_dir}/") : frame
     end
   end
 end

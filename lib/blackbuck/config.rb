@@ -20,7 +20,9 @@ module Blackbuck
       unix_socket_group: nil,         # gid (set from a group name or number); nil keeps the process's group
       workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count
       rackup: "config.ru",
-      environment: nil,               # nil -> $RACK_ENV, else "development"
+      config_file: nil,               # the config file read (-c FILE, or config/blackbuck.rb when present); not a directive
+      environment: nil,               # nil -> $RACK_ENV, else $RAILS_ENV, else "development"
+      debug: false,                   # DEBUG log entries and full boot-error backtraces; also BLACKBUCK_DEBUG=1
       pid: nil,                       # pid file path
       log: nil,                       # log file path; nil -> stderr
       max_requests_per_child: 0,      # requests; 0 = never recycle
@@ -50,6 +52,7 @@ module Blackbuck
       max_memory_per_child: 0,        # KiB of RSS after which a worker is recycled; 0 = off
       sched_batch: true,              # workers run under SCHED_BATCH (Linux): no wake-up preemption, fewer switches
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
+      trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
       before_fork: nil,               # proc(server, worker_index), in the master
       after_fork: nil,                # proc(server, worker_index), in the worker
       after_worker_exit: nil,         # proc(server, worker_index, Process::Status), in the master
@@ -57,6 +60,10 @@ module Blackbuck
     }.freeze
 
     HOOKS = %i[before_fork after_fork after_worker_exit before_exec].freeze
+    DEFAULT_FILE = "config/blackbuck.rb" # read when present and no -c FILE is given (like config/puma.rb)
+
+    # Is key a setting (of the config file, -O NAME=VALUE, #set)?
+    def self.setting?(key) = DEFAULTS.key?(key.to_sym) && key.to_sym != :config_file
 
     attr_reader :values
 
@@ -74,9 +81,9 @@ module Blackbuck
       case key
       when :listen then value.each { |a| set(:listen_one, a) }
       when :listen_one then @values[:listen] << string(:listen, value)
-      when :host, :rackup, :environment, :pid, :log, :stats_listen then @values[key] = string(key, value)
+      when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
       when :port then @values[key] = int(key, value, 0, 65_535)
-      when :keepalive, :oob_gc_auto, :sched_batch then @values[key] = bool(key, value)
+      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto then @values[key] = bool(key, value)
       when :unix_socket_mode then @values[key] = mode(key, value)
       when :unix_socket_group then @values[key] = group(key, value)
       when :workers then @values[key] = int(key, value, 1, 4096)
@@ -96,7 +103,8 @@ module Blackbuck
     def finalize!(env = ENV)
       @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : 9292
       @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Etc.nprocessors
-      @values[:environment] ||= env["RACK_ENV"] || "development"
+      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || "development"
+      @values[:debug] ||= bool(:BLACKBUCK_DEBUG, env["BLACKBUCK_DEBUG"]) if env["BLACKBUCK_DEBUG"]
       @values[:listen] = ["#{@values[:host]}:#{@values[:port]}"] if @values[:listen].empty?
       min = @values[:min_requests_per_child]
       max = @values[:max_requests_per_child]
@@ -192,7 +200,7 @@ module Blackbuck
 
       def listen(*addresses) = addresses.each { |a| @config.set(:listen_one, a.to_s) }
 
-      (DEFAULTS.keys - %i[listen] - HOOKS).each do |key|
+      (DEFAULTS.keys - %i[listen config_file] - HOOKS).each do |key|
         define_method(key) { |value| @config.set(key, value) }
       end
 

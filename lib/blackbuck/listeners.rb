@@ -81,14 +81,33 @@ module Blackbuck
     end
 
     def bind(addr, backlog:, unix_mode: nil, unix_group: nil)
-      kind, host, where = parse(addr)
-      kind == :unix ? bind_unix(where, backlog, unix_mode, unix_group) : bind_tcp(host, where, backlog)
+      bind_all(addr, backlog: backlog, unix_mode: unix_mode, unix_group: unix_group).first
     end
 
-    def bind_tcp(host, port, backlog)
-      ai = Addrinfo.getaddrinfo(host, port, nil, :STREAM, nil, Socket::AI_PASSIVE).first
-      raise ConfigError, "cannot resolve #{host}" unless ai
+    # Every listener an address names: a host name with several addresses ("localhost": ::1 and
+    # 127.0.0.1) gets one per address, all on the same port, as Puma does.
+    def bind_all(addr, backlog:, unix_mode: nil, unix_group: nil)
+      kind, host, where = parse(addr)
+      return [bind_unix(where, backlog, unix_mode, unix_group)] if kind == :unix
 
+      addrs = Addrinfo.getaddrinfo(host, where, nil, :STREAM, nil, Socket::AI_PASSIVE).uniq(&:ip_address)
+      raise ConfigError, "cannot resolve #{host}" if addrs.empty?
+
+      port = where
+      bound = addrs.filter_map do |ai|
+        l = bind_tcp(Addrinfo.tcp(ai.ip_address, port), host, port, backlog, optional: addrs.size > 1)
+        port = l.port if l # the others take the port the first one got (port 0: the kernel's pick)
+        l
+      end
+      raise ConfigError, "cannot listen on #{host}:#{where}: none of its addresses can be bound here" if bound.empty?
+
+      bound
+    rescue SocketError => e
+      raise ConfigError, "cannot resolve #{host}: #{e.message}"
+    end
+
+    # optional: an address this machine cannot have (no IPv6) is skipped (nil), not an error.
+    def bind_tcp(ai, host, port, backlog, optional: false)
       sock = Socket.new(ai.afamily, Socket::SOCK_STREAM, 0)
       sock.setsockopt(Socket::SOL_SOCKET, Socket::SO_REUSEADDR, true)
       sock.setsockopt(Socket::IPPROTO_IPV6, Socket::IPV6_V6ONLY, true) if ai.ipv6?
@@ -97,8 +116,9 @@ module Blackbuck
       Native.defer_accept(sock.fileno, 1)
       bound = sock.local_address
       Listener.new(io: sock, kind: :tcp, host: bound.ip_address, port: bound.ip_port)
-    rescue SocketError => e
-      raise ConfigError, "cannot resolve #{host}: #{e.message}"
+    rescue Errno::EADDRNOTAVAIL, Errno::EAFNOSUPPORT => e
+      sock&.close
+      raise ConfigError, "cannot listen on #{host}:#{port}: #{e.message}" unless optional
     rescue SystemCallError => e
       sock&.close
       raise ConfigError, "cannot listen on #{host}:#{port}: #{e.message}"

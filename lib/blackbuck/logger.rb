@@ -1,22 +1,31 @@
 # frozen_string_literal: true
 
 module Blackbuck
-  # One line per event on stderr (or a file): "TIME blackbuck[PID] LEVEL message".
-  # Tests and operators match on the message part; those lines are a contract.
+  # One entry per event on stderr (or a file): "TIME blackbuck[PID] LEVEL message".
+  # Tests and operators match on the message part; those lines are a contract. An entry is one
+  # write; the lines of a multi-line message after its first are indented, so every line that
+  # does not start with a time belongs to the entry above it. DEBUG entries appear only with
+  # --debug (or BLACKBUCK_DEBUG=1).
   class Logger
-    def initialize(io = $stderr, path: nil)
+    CONTINUATION = "\n    "
+
+    def initialize(io = $stderr, path: nil, debug: false)
       @path = path
       @io = path ? File.open(path, "a") : io
       @io.sync = true
+      @debug = debug
     end
 
+    def debug? = @debug
+
+    def debug(msg) = (write("DEBUG", msg) if @debug)
     def info(msg) = write("INFO", msg)
     def warn(msg) = write("WARN", msg)
     def error(msg) = write("ERROR", msg)
 
     def exception(prefix, err)
       lines = ["#{prefix}: #{err.class}: #{err.message}"]
-      lines.concat((err.backtrace || []).first(40).map { |l| "    #{l}" })
+      lines.concat((err.backtrace || []).first(40))
       write("ERROR", lines.join("\n"))
     end
 
@@ -30,10 +39,14 @@ module Blackbuck
       old.close
     end
 
+    # "first line\n    second line..." for a message of any number of lines (no trailing newline).
+    def self.entry_text(msg) = msg.to_s.chomp.gsub(/\r?\n/, CONTINUATION)
+
     private
 
     def write(level, msg)
-      @io.write("#{Time.now.utc.strftime('%Y-%m-%dT%H:%M:%S.%LZ')} blackbuck[#{Process.pid}] #{level} #{msg}\n")
+      @io.write("#{Time.now.utc.strftime('%Y-%m-%dT%H:%M:%S.%LZ')} blackbuck[#{Process.pid}] #{level} " \
+                "#{Logger.entry_text(msg)}\n")
     rescue IOError, SystemCallError
       nil
     end

@@ -3,8 +3,10 @@
 require_relative "../blackbuck"
 
 module Blackbuck
-  # `rackup -s blackbuck` (Rack 3 with the rackup gem) and Rack 2's Rack::Handler.
-  # Accepts Rhebok's option names (-O MaxWorkers=4) as well as snake_case ones (-O workers=4).
+  # `rackup -s blackbuck` and `rails server -u blackbuck` (Rack 3 with the rackup gem, and Rack 2's
+  # Rack::Handler), and Sinatra's `set :server, "blackbuck"`. Accepts Rhebok's option names
+  # (-O MaxWorkers=4) and the settings' own (-O workers=4); reads config/blackbuck.rb when present
+  # (-O ConfigFile=FILE names another). Yields a Server::Control (#stop, #shutdown) to the caller.
   module RackHandler
     RHEBOK_NAMES = {
       "Host" => :host, "Port" => :port, "Path" => :listen_one, "BackLog" => :backlog,
@@ -12,38 +14,77 @@ module Blackbuck
       "MinRequestPerChild" => :min_requests_per_child, "Timeout" => :timeout, "OobGC" => :oob_gc,
       "ConfigFile" => :config_file
     }.freeze
-    # rackup's own options, not ours.
-    IGNORED = %i[environment config daemonize pid server Logger AccessLog debug warn include require
-                 builder app_class quiet].freeze
+    # Options rackup and Rails pass that are theirs, not ours (rackup has already daemonized,
+    # written the pid file and loaded config.ru; Rails handles its log, caching and restarts;
+    # early hints are always on). Logged at debug level.
+    IGNORED = %i[environment config daemonize pid server Logger AccessLog debug warn include require builder
+                 app_class quiet user_supplied_options log_stdout caching restart_cmd early_hints
+                 DoNotReverseLookup].freeze
+    ADDRESS = %i[host port].freeze
 
     module_function
 
     def run(app, **options)
       config = Config.new
-      settings = []
-      options.each do |name, value|
-        next if value.nil? || IGNORED.include?(name.to_sym)
+      file = options[:ConfigFile] || options[:config_file] || (Config::DEFAULT_FILE if File.file?(Config::DEFAULT_FILE))
+      if file
+        Config::DSL.load(config, file)
+        config.set(:config_file, file)
+      end
+      settings, ignored, unknown = sort(options)
+      apply(config, settings, options[:user_supplied_options])
+      config.set(:environment, options[:environment].to_s) if options[:environment]
+      config.set(:debug, true) if options[:debug]
+      config.finalize!
+      logger = Logger.new($stderr, path: config[:log], debug: config[:debug])
+      ignored.each { |name| logger.debug("option #{name} ignored: rackup's or Rails' own, not a Blackbuck setting") }
+      unknown.each do |name|
+        logger.warn("ignoring unknown option #{name}=#{options[name].inspect} (settings: docs/CONFIGURATION.md)")
+      end
+      control = Server::Control.new
+      yield control if block_given?
+      Server.run(config, app, logger: logger, control: control)
+    rescue ConfigError => e
+      # One line and a non-zero exit, as from the blackbuck command (not the caller's backtrace).
+      warn Logger.entry_text("blackbuck: #{e.message}")
+      exit 1
+    end
 
+    # options -> [[[setting, value], ...], ignored names, unknown names]
+    def sort(options)
+      settings = []
+      ignored = []
+      unknown = []
+      options.each do |name, value|
+        next if value.nil? || %i[ConfigFile config_file].include?(name.to_sym)
+
+        if IGNORED.include?(name.to_sym)
+          ignored << name
+          next
+        end
         key = RHEBOK_NAMES[name.to_s] || name.to_s.downcase.to_sym
-        if key == :config_file
-          Config::DSL.load(config, value)
-        else
+        if key == :listen_one || Config.setting?(key)
           settings << [key, value]
+        else
+          unknown << name
         end
       end
-      path_given = settings.any? { |k, _| k == :listen_one }
-      settings.each do |key, value|
-        next if path_given && %i[host port].include?(key) # Rhebok: Path= replaces Host/Port
+      [settings, ignored, unknown]
+    end
 
-        config.set(key == :Host ? :host : key, value.is_a?(String) || value.is_a?(Proc) ? value : value.to_s)
+    # Rhebok's Path= replaces Host/Port. Rails passes its default Host and Port (localhost:3000)
+    # whether the user gave them or not, and names the ones the user gave (-b, -p, $PORT) in
+    # user_supplied_options: a config file's address wins over Rails' defaults, never over those.
+    def apply(config, settings, user_supplied)
+      path_given = settings.any? { |k, _| k == :listen_one }
+      file_address = !config[:listen].empty? || !config[:port].nil? || config[:host] != Config::DEFAULTS[:host]
+      settings.each do |key, value|
+        if ADDRESS.include?(key)
+          next if path_given
+          next if file_address && user_supplied && !user_supplied.map(&:to_s).include?(key.to_s.capitalize)
+        end
+        config.set(key, value.is_a?(String) || value.is_a?(Proc) ? value : value.to_s)
       end
-      config.set(:environment, options[:environment].to_s) if options[:environment]
-      config.finalize!
-      yield config if block_given?
-      Server.run(config, app)
-    rescue ConfigError => e
-      warn "blackbuck: #{e.message}"
-      raise
     end
 
     def valid_options
@@ -57,7 +98,8 @@ module Blackbuck
         "MinRequestPerChild=N" => "lower bound of the random recycle limit",
         "Timeout=SEC" => "request timeout",
         "OobGC=N" => "GC between requests every N requests",
-        "ConfigFile=FILE" => "Blackbuck config file"
+        "ConfigFile=FILE" => "Blackbuck config file (default config/blackbuck.rb when present)",
+        "NAME=VALUE" => "any setting of docs/CONFIGURATION.md, e.g. workers=4 keepalive_timeout=65"
       }
     end
   end

@@ -10,30 +10,75 @@ module Blackbuck
   module Server
     module_function
 
-    def run(config, app, logger: Logger.new($stderr, path: config[:log]), env: ENV)
+    # control: a Control (what a rack handler yields) that can ask this server to stop.
+    def run(config, app, logger: Logger.new($stderr, path: config[:log], debug: config[:debug]), env: ENV, control: nil)
       configure_native(config)
       Native.logger = logger # the C side warns through it (a response that cannot be spilled)
       check_spill_dir(config, logger)
       raise_open_files_limit(logger)
       listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP)
       listeners = Listeners.inherited(env) if listeners.empty?
-      if listeners.empty?
-        listeners = config[:listen].map do |a|
-          Listeners.bind(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode],
-                            unix_group: config[:unix_socket_group])
-        end
-      end
+      listeners = bind(config) if listeners.empty?
       listeners.each do |l|
         l.io.fcntl(Fcntl::F_SETFL, l.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
         logger.info("listening on #{l.name}#{' (inherited)' if l.inherited?}")
       end
       logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers, " \
-                  "parser #{Native.http_impl}, pid #{Process.pid}")
+                  "parser #{Native.http_impl}, pid #{Process.pid}" \
+                  "#{", config #{config[:config_file]}" if config[:config_file]}")
       write_pid(config[:pid])
-      Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
-                     old_workers: Reexec.old_workers(env)).run
+      supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
+                                  old_workers: Reexec.old_workers(env))
+      control&.attach(supervisor)
+      supervisor.run
     ensure
+      control&.detach
       File.unlink(config[:pid]) if config[:pid] && File.exist?(config[:pid]) && File.read(config[:pid]).to_i == Process.pid
+    end
+
+    # The listen addresses of the config, bound; if one fails, the ones bound before it are closed.
+    def bind(config)
+      bound = []
+      config[:listen].each do |a|
+        bound.concat(Listeners.bind_all(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode],
+                                           unix_group: config[:unix_socket_group]))
+      end
+      bound
+    rescue ConfigError
+      bound.each(&:close)
+      raise
+    end
+
+    # What a rack handler yields to its caller (Sinatra's `run!`, rackup): #stop (or #shutdown)
+    # asks the server for a graceful stop, like TERM, from a signal trap or another thread.
+    # Before the server runs, the stop waits for it; after, it does nothing.
+    class Control
+      def initialize
+        @supervisor = nil
+        @stop_asked = false
+        @done = false
+      end
+
+      def attach(supervisor)
+        @supervisor = supervisor
+        supervisor.stop if @stop_asked
+      end
+
+      def detach
+        @supervisor = nil
+        @done = true
+      end
+
+      def running? = !@supervisor.nil?
+
+      def stop
+        return if @done
+
+        @stop_asked = true
+        @supervisor&.stop
+        nil
+      end
+      alias shutdown stop
     end
 
     # Thousands of keep-alive connections need thousands of descriptors: take the hard limit.

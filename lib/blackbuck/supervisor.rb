@@ -28,12 +28,15 @@ module Blackbuck
       @stopping = false
       @scoreboard = Native::Scoreboard.new([@wanted * 4, 64].max.clamp(1, 4096))
       @request_counts = RequestCounts.new(@scoreboard)
+      @wake_r, @wake_w = IO.pipe
     end
+
+    # A graceful stop, as TERM: safe from a signal trap or another thread (Server::Control#stop).
+    def stop = enqueue(:TERM)
 
     attr_reader :children, :request_counts
 
     def run
-      @wake_r, @wake_w = IO.pipe
       if @config[:stats_listen]
         @status = StatusServer.start(@config[:stats_listen], supervisor: self, scoreboard: @scoreboard,
                                                              listeners: @listeners, logger: @logger)

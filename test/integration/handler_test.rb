@@ -52,4 +52,41 @@ class HandlerTest < ServerTest
     end
     warn File.read(log) if log && !passed? && File.exist?(log)
   end
+
+  # Options the caller passes that are not settings (Rails and rackup pass their own; a user may
+  # mistype one): a warning for the unknown ones, and the server starts.
+  def test_unknown_option_is_a_warning_not_a_crash
+    dir = Dir.mktmpdir("bb-test")
+    sock = "#{dir}/rackup.sock"
+    log = "#{dir}/rackup.log"
+    pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-O", "Path=#{sock}", "-O", "workers=1",
+                        "-O", "frobnicate=3", File.join(APPS, "kitchen.ru"), out: log, err: %i[child out], pgroup: true)
+    Timeout.timeout(20) { sleep 0.05 until File.read(log).include?("worker 0 (pid") }
+    assert_match(/WARN ignoring unknown option frobnicate="3"/, File.read(log))
+    io = UNIXSocket.new(sock)
+    assert_equal 200, request(io, "GET", "/hello").status
+    io.close
+  ensure
+    if pid
+      Process.kill(:TERM, pid)
+      Process.wait(pid)
+    end
+    warn File.read(log) if log && !passed? && File.exist?(log)
+  end
+
+  def test_bad_value_is_one_line_and_exit_1
+    dir = Dir.mktmpdir("bb-test")
+    log = "#{dir}/rackup.log"
+    pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-O", "workers=zero", File.join(APPS, "kitchen.ru"),
+                        out: log, err: %i[child out], pgroup: true)
+    _, status = Timeout.timeout(20) { Process.wait2(pid) }
+    pid = nil
+    assert_equal 1, status.exitstatus
+    out = File.read(log)
+    assert_match(/\Ablackbuck: workers must be an integer 1\.\.4096, got "zero"$/, out)
+    refute_match(/\.rb:\d+:in/, out, "no backtrace")
+  ensure
+    Process.kill(:KILL, -pid) if pid
+    warn File.read(log) if log && !passed? && File.exist?(log)
+  end
 end

@@ -46,7 +46,8 @@ class RackLintTest < ServerTest
     rejected << "GET http://a:b/ HTTP/1.1\r\nHost: x\r\n\r\n"
     accepted.each do |req|
       out = raw(@server, req.sub("\r\n\r\n", "\r\nConnection: close\r\n\r\n"))
-      assert_match %r{\AHTTP/1\.1 200 .*lint ok\n\z}m, out, req.inspect
+      # Rack 2's Lint wraps the body (no to_ary): it arrives chunked there
+      assert_match %r{\AHTTP/1\.1 200 .*\r\n\r\n(8\r\n)?lint ok\n(\r\n0\r\n\r\n)?\z}m, out, req.inspect
     end
     rejected.each { |req| assert_match %r{\AHTTP/1\.1 400 }, raw(@server, req), req.inspect }
     refute_match(/Rack::Lint::LintError|app error/, @server.log)
