@@ -84,10 +84,13 @@ class FileBodyTest < ServerTest
 
     res = request(io, "GET", "/partial?name=big.bin&length=100")
     assert_equal [206, "100", bytes.byteslice(0, 100)], [res.status, res["content-length"], res.body]
+    res = request(io, "GET", "/partial?name=big.bin&length=#{BIG}") # "bytes=0-": all of it, still a 206
+    assert_equal [206, "bytes 0-#{BIG - 1}/#{BIG}", BIG.to_s], [res.status, res["content-range"], res["content-length"]]
+    assert_equal bytes, res.body
     res = request(io, "GET", "/length?name=big.bin&length=100")
     assert_equal [200, "100", bytes.byteslice(0, 100)], [res.status, res["content-length"], res.body]
     assert_equal "hello world\n", request(io, "GET", "/hello").body, "the connection stays in sync"
-    assert_equal 2, stats(server)["each"], "those two bodies were iterated by Ruby"
+    assert_equal 3, stats(server)["each"], "those three bodies were iterated by Ruby"
   ensure
     io&.close
   end
