@@ -25,11 +25,19 @@ module Blackbuck
       new(x_sendfile: config[:x_sendfile], mapping: config[:x_accel_mapping])
     end
 
-    # Why path cannot be sent, for the log line.
+    # Errors that mean "no such file for you" (404, as nginx answers); any other (EMFILE, EIO...)
+    # is the server's trouble (500).
+    NOT_FOUND_ERRORS = [Errno::ENOENT, Errno::ENOTDIR, Errno::ENAMETOOLONG, Errno::ELOOP, Errno::EACCES].freeze
+
+    # Why the file at path could not be sent: [status, reason for the log line].
     def self.unusable(path)
-      File.stat(path).file? ? "not readable" : "not a regular file"
+      File.open(path, File::RDONLY | File::NONBLOCK) do |f|
+        f.stat.file? ? [500, "changed while it was opened"] : [404, "not a regular file"]
+      end
+    rescue *NOT_FOUND_ERRORS => e
+      [404, e.message.sub(/ @ .*/, "")]
     rescue SystemCallError => e
-      e.message.sub(/ @ .*/, "")
+      [500, e.message.sub(/ @ .*/, "")]
     end
 
     # mapping: [[uri_prefix, directory], ...] as Config validated them (prefix ends in "/").

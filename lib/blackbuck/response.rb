@@ -133,9 +133,10 @@ module Blackbuck
     NOT_FOUND_BODY = ["Not Found\n"].freeze
 
     # X-Sendfile / X-Accel-Redirect (FileRedirect): the named file replaces the app's body, as a
-    # 200 with the file's Content-Length; a file that cannot be sent is a 404 (as nginx answers
-    # for a missing X-Accel-Redirect target). Returns the write mode, or nil when the header was
-    # refused (the caller answers 500). Each refusal or 404 is one log line.
+    # 200 with the file's Content-Length. A file that is missing, unreadable or not a regular file
+    # is a 404 (what nginx answers for a missing X-Accel-Redirect target). Returns the write mode,
+    # or nil when the header was refused or the file could not be opened for another reason
+    # (EMFILE...): the caller answers 500. Each refusal, 404 or 500 is one log line.
     def write_redirect(conn, env, target)
       if target.is_a?(FileRedirect::Refused)
         @logger.error("#{target.reason}: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
@@ -144,9 +145,9 @@ module Blackbuck
       mode = conn.write_file(200, target.headers, target.path)
       return mode if mode
 
-      @logger.error("#{target.via} #{target.path}: #{FileRedirect.unusable(target.path)}: 404 for " \
-                    "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
-      conn.write_response(404, NOT_FOUND_HEADERS, NOT_FOUND_BODY, false)
+      status, why = FileRedirect.unusable(target.path)
+      @logger.error("#{target.via} #{target.path}: #{why}: #{status} for #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      conn.write_response(404, NOT_FOUND_HEADERS, NOT_FOUND_BODY, false) if status == 404
     end
 
     def stream(conn, body, chunked)
