@@ -12,14 +12,17 @@
  *                 -> WRITE_DONE | WRITE_PENDING (rest queued, wait for OUT)
  *                    | STREAM_CHUNKED / STREAM_RAW (head sent or queued, caller writes the body)
  *                    | WRITE_FAILED
+ *   write_file(status, headers, path)
+ *                 -> WRITE_DONE | WRITE_PENDING | WRITE_FAILED | nil (not sendable from the file)
  *   write_part / finish_body (streaming), write_continue, write_hints, flush,
  *   write_error(status)
  *   shutdown_write -> true (linger: discard_input until EOF) | false (close now); close; detach (hijack)
  *
  * Output the client does not take at once is queued, in order: in memory up to response_buffer
  * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
- * memory first, then the file. Only output that fits in neither (past the cap, or the file could
- * not be written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
+ * memory first, then the spill file, then a response's file body (write_file), which is always
+ * the last thing queued. Only output that fits in neither (past the cap, or the file could not be
+ * written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
  */
 #include "bb_ext.h"
 
@@ -31,6 +34,7 @@
 #include <unistd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #ifdef HAVE_SYS_SENDFILE_H
 #include <sys/sendfile.h>
@@ -48,6 +52,12 @@
 #define BB_SPILL_FLUSH_MAX (4 * 1024 * 1024)
 /* Bytes copied per pread/write where sendfile(2) is not available. */
 #define BB_SPILL_COPY_CHUNK (64 * 1024)
+/* Bytes one flush sends from a response's file body at most (a download served with sendfile), for
+ * the same reason as BB_SPILL_FLUSH_MAX: a fast reader of a large file gets its next turn later. */
+#define BB_FILE_FLUSH_MAX (4 * 1024 * 1024)
+/* Bytes write_file may still add to a head once the file is open (Content-Length, Connection and
+ * Date fields, the empty line): reserved before the open, so no allocation can fail while it is. */
+#define BB_HEAD_TAIL_MAX 160
 /* An error answer waits at most this long for a client that is not reading (it is then closed anyway). */
 #define BB_ERROR_WRITE_WAIT_MS 100
 /* Bytes a lingering connection's input is read in (and discarded) per read(2). */
@@ -86,6 +96,11 @@ struct conn {
     int spill_fd;
     int spill_failed; /* the spill file could not be made or written: wait instead, until the next request */
     int64_t spill_off, spill_len;
+    /* then a response's file body (write_file): [file_off, file_end) of file_fd; -1 when none.
+     * Nothing is ever queued behind it: the next response starts once it is sent. */
+    int file_fd;
+    int file_copy; /* this file cannot be sendfile(2)d: pread + write instead */
+    int64_t file_off, file_end;
     /* Ruby-side state */
     long requests;
     int state;
@@ -150,10 +165,18 @@ static void spill_close(struct conn *c)
     c->spill_off = c->spill_len = 0;
 }
 
+static void file_close(struct conn *c)
+{
+    if (c->file_fd >= 0) close(c->file_fd);
+    c->file_fd = -1;
+    c->file_off = c->file_end = 0;
+}
+
 /* Forgets all queued output (the connection is closing or handed over). */
 static void out_discard(struct conn *c)
 {
     spill_close(c);
+    file_close(c);
     free(c->out);
     c->out = NULL;
     c->out_cap = c->out_off = c->out_len = 0;
@@ -186,6 +209,7 @@ static VALUE conn_alloc(VALUE klass)
     VALUE obj = TypedData_Make_Struct(klass, struct conn, &conn_type, c);
     c->fd = -1;
     c->spill_fd = -1;
+    c->file_fd = -1;
     c->remote_addr = c->template = c->env = c->sink = Qnil;
     return obj;
 }
@@ -498,7 +522,7 @@ static void iov_skip(struct iovec *iov, int *i, int cnt, size_t w)
     while (*i < cnt && iov[*i].iov_len == 0) (*i)++;
 }
 
-static int queued(const struct conn *c) { return c->out_off < c->out_len || c->spill_fd >= 0; }
+static int queued(const struct conn *c) { return c->out_off < c->out_len || c->spill_fd >= 0 || c->file_fd >= 0; }
 
 /* Appends up to n bytes to the memory queue, which holds at most response_buffer bytes and takes
  * nothing while a spill file is open (its bytes come first). Returns the bytes taken. */
@@ -621,32 +645,37 @@ static void queue_iov(struct conn *c, struct iovec *iov, int *i, int cnt)
     }
 }
 
-/* Sends up to n bytes of the spill file from spill_off: bytes sent, or -1 with errno. */
-static ssize_t spill_send(struct conn *c, size_t n)
+/* Sends up to n bytes of file fd from offset off to socket sock: sendfile(2), or where it is not
+ * available or this file cannot do it (*copy is then set for the next calls) pread + write of at
+ * most BB_SPILL_COPY_CHUNK bytes. Returns the bytes sent, 0 when the file ends before off, or -1
+ * with errno. */
+static ssize_t file_send(int sock, int fd, int64_t off, size_t n, int *copy)
 {
     char buf[BB_SPILL_COPY_CHUNK];
     ssize_t r;
 #ifdef HAVE_SYS_SENDFILE_H
-    static int no_sendfile; /* the filesystem of $TMPDIR cannot sendfile: copy instead */
-    if (!no_sendfile) {
-        off_t off = (off_t)c->spill_off;
-        ssize_t w = sendfile(c->fd, c->spill_fd, &off, n);
+    if (!*copy) {
+        off_t o = (off_t)off;
+        ssize_t w = sendfile(sock, fd, &o, n);
         if (w >= 0 || (errno != EINVAL && errno != ENOSYS)) return w;
-        no_sendfile = 1;
+        *copy = 1;
     }
+#else
+    *copy = 1;
 #endif
     if (n > sizeof(buf)) n = sizeof(buf);
-    do r = pread(c->spill_fd, buf, n, (off_t)c->spill_off);
+    do r = pread(fd, buf, n, (off_t)off);
     while (r < 0 && errno == EINTR);
-    if (r <= 0) {
-        if (r == 0) errno = EIO; /* the file is shorter than what was written to it */
-        return -1;
-    }
-    return write(c->fd, buf, (size_t)r);
+    if (r <= 0) return r;
+    return write(sock, buf, (size_t)r);
 }
 
-/* Sends queued output without waiting, memory first, then the spill file (closed once sent):
- * WRITE_DONE, WRITE_PENDING or WRITE_FAILED. */
+/* The filesystem of $TMPDIR cannot sendfile: spill files are copied instead. */
+static int spill_copy;
+
+/* Sends queued output without waiting: memory first, then the spill file (closed once sent), then
+ * the file body (closed once sent; one that ends before the length promised for it fails the
+ * connection, which must then close). WRITE_DONE, WRITE_PENDING or WRITE_FAILED. */
 static int flush_nb(struct conn *c)
 {
     size_t budget = BB_SPILL_FLUSH_MAX;
@@ -664,17 +693,40 @@ static int flush_nb(struct conn *c)
         size_t n = (size_t)(c->spill_len - c->spill_off);
         ssize_t w;
         if (budget == 0) return WRITE_PENDING;
-        w = spill_send(c, n < budget ? n : budget);
+        w = file_send(c->fd, c->spill_fd, c->spill_off, n < budget ? n : budget, &spill_copy);
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return WRITE_PENDING;
             return WRITE_FAILED;
         }
-        if (w == 0) return WRITE_FAILED;
+        if (w == 0) return WRITE_FAILED; /* the file is shorter than what was written to it */
         c->spill_off += w;
         budget -= (size_t)w;
     }
     spill_close(c);
+    budget = BB_FILE_FLUSH_MAX;
+    while (c->file_off < c->file_end) {
+        size_t n = (size_t)(c->file_end - c->file_off);
+        ssize_t w;
+        if (budget == 0) return WRITE_PENDING;
+        w = file_send(c->fd, c->file_fd, c->file_off, n < budget ? n : budget, &c->file_copy);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return WRITE_PENDING;
+            return WRITE_FAILED;
+        }
+        if (w == 0) { /* truncated under us: the promised Content-Length cannot be met */
+            int64_t at = c->file_off, end = c->file_end;
+            file_close(c);
+            bb_warn(rb_sprintf("a file body ended at byte %lld of the %lld promised (the file shrank while it "
+                               "was sent): connection closed",
+                               (long long)at, (long long)end));
+            return WRITE_FAILED;
+        }
+        c->file_off += w;
+        budget -= (size_t)w;
+    }
+    file_close(c);
     return WRITE_DONE;
 }
 
@@ -687,6 +739,7 @@ static int flush_nb(struct conn *c)
 static int out_write(struct conn *c, struct iovec *iov, int cnt)
 {
     int i = 0;
+    if (c->file_fd >= 0) rb_raise(rb_eRuntimeError, "[BUG] output written behind a queued file body");
     iov_skip(iov, &i, cnt, 0);
     while (i < cnt) {
         if (queued(c) && flush_nb(c) == WRITE_FAILED) return WRITE_FAILED;
@@ -820,6 +873,40 @@ static int head_i(VALUE key, VALUE val, VALUE arg)
     return ST_CONTINUE;
 }
 
+/* Starts a response head in `head` for a status in 100-999: the status line and the app's fields,
+ * each validated (this raises before anything is written). */
+static void head_start(struct conn *c, struct head_state *st, int status, VALUE headers, int raw)
+{
+    size_t len;
+    const char *p;
+    memset(st, 0, sizeof(*st));
+    st->c = c;
+    st->raw = raw || status == 101;
+    head.len = 0;
+    p = bb_status_line(status, &len);
+    hcat(p, len);
+    if (!NIL_P(headers)) {
+        Check_Type(headers, T_HASH);
+        rb_hash_foreach(headers, head_i, (VALUE)st);
+    }
+}
+
+/* Ends the head: Connection (the server's, unless raw), Date unless the app gave one, the empty line. */
+static void head_finish(struct conn *c, const struct head_state *st)
+{
+    size_t len;
+    const char *p;
+    if (st->raw) {
+        /* nothing: the app's Connection header stands */
+    } else if (!c->keepalive) hcat("Connection: close\r\n", 19);
+    else if (c->minor == 0) hcat("Connection: keep-alive\r\n", 24);
+    if (!st->have_date) {
+        p = bb_date_header(&len);
+        hcat(p, len);
+    }
+    hcat("\r\n", 2);
+}
+
 /*
  * write_response(status, headers, body_array_or_nil, raw) -> see the WRITE_ / STREAM_ constants
  * raw: a partial hijack; the head is sent as the app gave it and the app then owns the socket.
@@ -832,22 +919,11 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
     VALUE iov_buf = 0;
     int status = NUM2INT(vstatus), no_body, mode, ret;
     long nparts = 0, i;
-    size_t len;
-    const char *p;
     char num[48];
 
     if (status < 100 || status > 999) rb_raise(rb_eArgError, "invalid status: %d", status);
     if (c->fd < 0) return INT2FIX(WRITE_FAILED);
-    memset(&st, 0, sizeof(st));
-    st.c = c;
-    st.raw = RTEST(raw) || status == 101;
-    head.len = 0;
-    p = bb_status_line(status, &len);
-    hcat(p, len);
-    if (!NIL_P(headers)) {
-        Check_Type(headers, T_HASH);
-        rb_hash_foreach(headers, head_i, (VALUE)&st);
-    }
+    head_start(c, &st, status, headers, RTEST(raw));
     no_body = c->head_only || status < 200 || status == 204 || status == 304;
     if (!NIL_P(body)) {
         Check_Type(body, T_ARRAY);
@@ -885,15 +961,7 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
         c->keepalive = 0; /* HTTP/1.0 without a length: the body ends when the connection does */
         mode = STREAM_RAW;
     }
-    if (st.raw) {
-        /* nothing: the app's Connection header stands */
-    } else if (!c->keepalive) hcat("Connection: close\r\n", 19);
-    else if (c->minor == 0) hcat("Connection: keep-alive\r\n", 24);
-    if (!st.have_date) {
-        p = bb_date_header(&len);
-        hcat(p, len);
-    }
-    hcat("\r\n", 2);
+    head_finish(c, &st);
 
     if (mode != WRITE_DONE) {
         struct iovec one;
@@ -915,6 +983,78 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
     if (iov_buf) ALLOCV_END(iov_buf);
     RB_GC_GUARD(body);
     return INT2FIX(ret);
+}
+
+/* A file body between its open and its place in the queue; fd is closed unless it got there. */
+struct file_body {
+    struct conn *c;
+    int fd;
+    int64_t size;
+};
+
+/* Sends or queues the head in `head`, then queues the file behind it and starts sending it. */
+static VALUE file_body_queue(VALUE arg)
+{
+    struct file_body *f = (struct file_body *)arg;
+    struct conn *c = f->c;
+    struct iovec one;
+    int r;
+    one.iov_base = head.buf;
+    one.iov_len = head.len;
+    r = out_write(c, &one, 1); /* may wait for the client (nowhere to queue) and raise */
+    if (r == WRITE_FAILED || c->head_only || f->size == 0) return INT2FIX(r);
+    c->file_fd = f->fd;
+    f->fd = -1;
+    c->file_copy = 0;
+    c->file_off = 0;
+    c->file_end = f->size;
+    return INT2FIX(flush_nb(c));
+}
+
+static VALUE file_body_release(VALUE arg)
+{
+    struct file_body *f = (struct file_body *)arg;
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    return Qnil;
+}
+
+/*
+ * write_file(status, headers, path) -> WRITE_DONE | WRITE_PENDING | WRITE_FAILED, or nil when this
+ * response cannot be sent from the file (nothing is written then; the caller streams the body):
+ * the status is not 200, the app gave a Transfer-Encoding or a Content-Length other than the
+ * file's size, or path does not open as a regular file. The file is opened now (so an app that
+ * deletes it when its body is closed does not matter) and its size then is the Content-Length; its
+ * bytes are queued behind the head and sent by flush with sendfile(2), never through Ruby. After
+ * HEAD only the head is sent.
+ */
+static VALUE conn_write_file(VALUE self, VALUE vstatus, VALUE headers, VALUE path)
+{
+    struct conn *c = get_conn(self);
+    struct head_state st;
+    struct file_body f;
+    struct stat sb;
+    char num[48];
+
+    if (NUM2INT(vstatus) != 200) return Qnil;
+    FilePathValue(path);
+    if (c->fd < 0) return INT2FIX(WRITE_FAILED);
+    head_start(c, &st, 200, headers, 0);
+    if (st.have_te) return Qnil;
+    hreserve(BB_HEAD_TAIL_MAX);
+    /* O_NONBLOCK: a FIFO must not block the open; a regular file ignores it */
+    f.fd = open(RSTRING_PTR(path), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (f.fd < 0) return Qnil;
+    if (fstat(f.fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (st.have_length && st.length != (int64_t)sb.st_size)) {
+        close(f.fd);
+        return Qnil;
+    }
+    f.c = c;
+    f.size = (int64_t)sb.st_size;
+    if (!st.have_length) hcat(num, (size_t)snprintf(num, sizeof(num), "Content-Length: %lld\r\n", (long long)f.size));
+    head_finish(c, &st);
+    RB_GC_GUARD(path);
+    return rb_ensure(file_body_queue, (VALUE)&f, file_body_release, (VALUE)&f);
 }
 
 static int hint_i(VALUE key, VALUE val, VALUE arg)
@@ -1223,6 +1363,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "parse", conn_parse, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);
     rb_define_method(cConn, "write_response", conn_write_response, 4);
+    rb_define_method(cConn, "write_file", conn_write_file, 3);
     rb_define_method(cConn, "polled?", conn_get_polled, 0);
     rb_define_method(cConn, "watched", conn_get_watched, 0);
     rb_define_method(cConn, "watched=", conn_set_watched, 1);

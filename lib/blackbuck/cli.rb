@@ -110,6 +110,11 @@ module Blackbuck
              &set(:sched_batch))
         o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR", &set(:stats_listen))
         o.separator ""
+        o.separator "Files named by the app (off by default; see docs/SECURITY.md):"
+        o.on("--[no-]x-sendfile", "send the file a response names in X-Sendfile: /abs/path", &set(:x_sendfile))
+        o.on("--x-accel-mapping PREFIX=DIR", "serve X-Accel-Redirect: PREFIX/rest from DIR/rest (repeatable)",
+             &set(:x_accel_mapping))
+        o.separator ""
         o.separator "Connections:"
         o.on("--[no-]keepalive", "HTTP persistent connections (default on)", &set(:keepalive))
         o.on("--keepalive-timeout SEC", "idle keep-alive connections close after SEC (default 75)", &set(:keepalive_timeout))

@@ -53,6 +53,8 @@ module Blackbuck
       sched_batch: true,              # workers run under SCHED_BATCH (Linux): no wake-up preemption, fewer switches
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
+      x_sendfile: false,              # send the file an app names in X-Sendfile (a path from the app: trusted)
+      x_accel_mapping: [],            # [[uri_prefix, directory]] for X-Accel-Redirect; empty = off
       before_fork: nil,               # proc(server, worker_index), in the master
       after_fork: nil,                # proc(server, worker_index), in the worker
       after_worker_exit: nil,         # proc(server, worker_index, Process::Status), in the master
@@ -70,6 +72,7 @@ module Blackbuck
     def initialize
       @values = DEFAULTS.dup
       @values[:listen] = []
+      @values[:x_accel_mapping] = []
     end
 
     def [](key) = @values.fetch(key)
@@ -83,7 +86,9 @@ module Blackbuck
       when :listen_one then @values[:listen] << string(:listen, value)
       when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
       when :port then @values[key] = int(key, value, 0, 65_535)
-      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto then @values[key] = bool(key, value)
+      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile
+        @values[key] = bool(key, value)
+      when :x_accel_mapping then Array(value).each { |m| @values[key] << accel_mapping(key, m) }
       when :unix_socket_mode then @values[key] = mode(key, value)
       when :unix_socket_group then @values[key] = group(key, value)
       when :workers then @values[key] = int(key, value, 1, 4096)
@@ -170,6 +175,16 @@ module Blackbuck
       Etc.getgrnam(name).gid
     rescue ArgumentError # Etc: "can't find group for NAME"
       raise ConfigError, "#{key}: no group named #{name.inspect}"
+    end
+
+    # "URI_PREFIX=DIRECTORY" -> [prefix ending in "/", absolute directory]
+    def accel_mapping(key, value)
+      prefix, dir = value.is_a?(String) ? value.split("=", 2) : []
+      unless prefix&.start_with?("/") && dir&.start_with?("/") && !value.include?("\0")
+        raise ConfigError, "#{key} must be URI_PREFIX=DIRECTORY, both starting with /, got #{value.inspect}"
+      end
+
+      [prefix.end_with?("/") ? prefix : "#{prefix}/", dir].map(&:freeze).freeze
     end
 
     def hook(key, value)

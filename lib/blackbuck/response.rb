@@ -2,12 +2,14 @@
 
 require "socket"
 require_relative "errors"
+require_relative "file_redirect"
 
 module Blackbuck
   # Calls the app and writes its answer. The framing rules live in C (Conn#write_response):
-  # an Array body goes out in one writev with Content-Length; an `each` body is streamed,
-  # chunked on HTTP/1.1 when the app gave no length; a Rack 3 callable body gets a stream.
-  # Returns :done, :hijacked or :closed.
+  # an Array body goes out in one writev with Content-Length; a body that names its file
+  # (`to_path`) is sent from that file with sendfile(2) (Conn#write_file); an `each` body is
+  # streamed, chunked on HTTP/1.1 when the app gave no length; a Rack 3 callable body gets a
+  # stream. Returns :done, :hijacked or :closed.
   class Response
     RESPONSE_FINISHED = "rack.response_finished"
     HIJACK = "rack.hijack"
@@ -20,6 +22,7 @@ module Blackbuck
       @hooks = ConnHooks.new(worker)
       @logger = worker.logger
       @timeout = config[:timeout]
+      @file_redirect = FileRedirect.for(config) # X-Sendfile / X-Accel-Redirect, when configured
     end
 
     def handle(conn, env)
@@ -72,9 +75,12 @@ module Blackbuck
       end
 
       conn.no_keepalive! if @worker.stopping?
-      if (parts = array_parts(body))
+      if (target = @file_redirect&.resolve(headers))
+        mode = write_redirect(conn, env, target)
+        return answer_error(conn, 500, hooks) unless mode
+      elsif (parts = array_parts(body))
         mode = conn.write_response(status, headers, parts, false)
-      else
+      elsif !(mode = write_file_body(conn, status, headers, body))
         mode = conn.write_response(status, headers, nil, false)
         if mode >= Native::Conn::STREAM_CHUNKED
           streaming = true
@@ -110,6 +116,38 @@ module Blackbuck
 
       parts = body.to_ary
       parts.is_a?(Array) ? parts : nil
+    end
+
+    # A body that names its file (Rack::Files, Rails' send_file, a Tempfile) goes out from that file
+    # with sendfile(2) when the response allows (Conn#write_file: a 200 without Transfer-Encoding or
+    # another Content-Length; opened before the body is closed): the write mode, or nil to stream
+    # the body with `each` instead (a 206 range, a path that is not a regular file).
+    def write_file_body(conn, status, headers, body)
+      return nil unless body.respond_to?(:to_path)
+
+      path = body.to_path
+      path.is_a?(String) ? conn.write_file(status, headers, path) : nil
+    end
+
+    NOT_FOUND_HEADERS = { "content-type" => "text/plain" }.freeze
+    NOT_FOUND_BODY = ["Not Found\n"].freeze
+
+    # X-Sendfile / X-Accel-Redirect (FileRedirect): the named file replaces the app's body, as a
+    # 200 with the file's Content-Length. A file that is missing, unreadable or not a regular file
+    # is a 404 (what nginx answers for a missing X-Accel-Redirect target). Returns the write mode,
+    # or nil when the header was refused or the file could not be opened for another reason
+    # (EMFILE...): the caller answers 500. Each refusal, 404 or 500 is one log line.
+    def write_redirect(conn, env, target)
+      if target.is_a?(FileRedirect::Refused)
+        @logger.error("#{target.reason}: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+        return nil
+      end
+      mode = conn.write_file(200, target.headers, target.path)
+      return mode if mode
+
+      status, why = FileRedirect.unusable(target.path)
+      @logger.error("#{target.via} #{target.path}: #{why}: #{status} for #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      conn.write_response(404, NOT_FOUND_HEADERS, NOT_FOUND_BODY, false) if status == 404
     end
 
     def stream(conn, body, chunked)

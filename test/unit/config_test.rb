@@ -105,6 +105,24 @@ class ConfigTest < Minitest::Test
     end
   end
 
+  def test_x_sendfile_and_x_accel_mapping
+    c = config
+    assert_equal [false, []], [c[:x_sendfile], c[:x_accel_mapping]], "off by default"
+    c.set(:x_sendfile, "true").set(:x_accel_mapping, "/files=/srv/files").set(:x_accel_mapping, ["/a/=/srv/a/"])
+    assert c[:x_sendfile]
+    assert_equal [["/files/", "/srv/files"], ["/a/", "/srv/a/"]], c[:x_accel_mapping], "repeatable; prefixes end in /"
+    assert_equal [], config[:x_accel_mapping], "each Config has its own list"
+    Dir.mktmpdir do |d|
+      File.write("#{d}/conf.rb", "x_sendfile true\nx_accel_mapping '/p/=/srv/p'\nx_accel_mapping '/q/=/srv/q'\n")
+      c = Blackbuck::Config::DSL.load(config, "#{d}/conf.rb")
+      assert_equal [true, [["/p/", "/srv/p"], ["/q/", "/srv/q"]]], [c[:x_sendfile], c[:x_accel_mapping]]
+    end
+    ["files=/srv", "/files=srv", "/files", "=/srv", 3, "/f=/srv\0"].each do |v|
+      err = assert_raises(Blackbuck::ConfigError) { config.set(:x_accel_mapping, v) }
+      assert_match(/\Ax_accel_mapping must be URI_PREFIX=DIRECTORY, both starting with \/, got /, err.message)
+    end
+  end
+
   def test_min_above_max_is_an_error
     c = config.set(:max_requests_per_child, 10).set(:min_requests_per_child, 20)
     assert_raises(Blackbuck::ConfigError) { c.finalize!({}) }

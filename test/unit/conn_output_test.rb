@@ -5,6 +5,7 @@ require "blackbuck"
 require "socket"
 require "tmpdir"
 require "fileutils"
+require "timeout"
 
 # Native::Conn's output queue over a UNIX socket pair, without a server: output the socket does
 # not take goes to memory (response_buffer), then to a spill file in $TMPDIR (max_response_spill),
@@ -118,7 +119,72 @@ class ConnOutputTest < Minitest::Test
     io.close
   end
 
+  # A file body (write_file) is the last segment of the queue: after memory and the spill file, in
+  # order, closed once sent; nothing may be written behind it.
+  def test_a_file_body_goes_after_memory_and_spill_and_nothing_behind_it
+    path = File.join(@dir, "body.bin")
+    File.binwrite(path, Random.new(1).bytes(3 * 1024 * 1024 + 5))
+    parts = write_parts
+    assert_equal 1, spill_fds
+    assert_equal Native::Conn::WRITE_PENDING, @conn.write_file(200, { "content-type" => "x/y" }, path)
+    assert_equal 1, fds_on(path), "the file is open while queued"
+    err = assert_raises(RuntimeError) { @conn.write_part("more", false) }
+    assert_match(/\A\[BUG\] output written behind a queued file body/, err.message)
+    File.unlink(path) # sent from the open file all the same
+    @reader = Thread.new do
+      out = +""
+      out << @client.readpartial(65_536) until (i = out.index("\r\n\r\n", parts.join.bytesize))
+      out << @client.readpartial(65_536) while out.bytesize < i + 4 + (3 * 1024 * 1024) + 5
+      out
+    end
+    flush_all
+    got = @reader.value
+    assert_equal parts.join, got.byteslice(0, parts.join.bytesize)
+    head, body = got.byteslice(parts.join.bytesize..).split("\r\n\r\n", 2)
+    assert_match(/\AHTTP\/1.1 200 [^\r]*\r\ncontent-type: x\/y\r\nContent-Length: #{3 * 1024 * 1024 + 5}\r\n/, head)
+    assert_equal Random.new(1).bytes(3 * 1024 * 1024 + 5), body
+    assert_equal 0, spill_fds + fds_on(path), "the spill file and the file body are closed once sent"
+    assert @conn.write_part("after", false), "a new response may start once the file is out"
+  end
+
+  def test_closing_the_connection_closes_a_queued_file_body
+    path = File.join(@dir, "body.bin")
+    File.binwrite(path, "x" * (4 * 1024 * 1024))
+    assert_equal Native::Conn::WRITE_PENDING, @conn.write_file(200, {}, path)
+    assert_equal 1, fds_on(path)
+    @conn.close
+    assert_equal 0, fds_on(path)
+  end
+
+  # Not sendable from the file: nil, and nothing written (the caller streams the body instead).
+  # A FIFO is refused at once, not waited on.
+  def test_write_file_declines_what_it_cannot_send_from_the_file
+    path = File.join(@dir, "body.bin")
+    File.binwrite(path, "12345")
+    File.mkfifo(fifo = File.join(@dir, "fifo"))
+    assert_nil @conn.write_file(206, {}, path)
+    assert_nil @conn.write_file(200, { "transfer-encoding" => "chunked" }, path)
+    assert_nil @conn.write_file(200, { "Content-Length" => "4" }, path)
+    assert_nil @conn.write_file(200, {}, File.join(@dir, "missing"))
+    assert_nil @conn.write_file(200, {}, @dir)
+    assert_nil Timeout.timeout(2) { @conn.write_file(200, {}, fifo) }
+    assert_raises(ArgumentError) { @conn.write_file(200, { "x" => "a\r\nb" }, path) }
+    assert_equal 0, fds_on(path) + fds_on(fifo)
+    refute @conn.pending_output?
+    assert_equal :wait_readable, @client.read_nonblock(1, exception: false), "nothing was written"
+    assert_equal Native::Conn::WRITE_DONE, @conn.write_file(200, { "Content-Length" => "5" }, path)
+    assert_match(/\AHTTP\/1.1 200 [^\r]*\r\nContent-Length: 5\r\n.*\r\n\r\n12345\z/m, @client.readpartial(4096))
+  end
+
   private
+
+  def fds_on(path)
+    Dir.children("/proc/self/fd").count do |fd|
+      File.readlink("/proc/self/fd/#{fd}").start_with?(path)
+    rescue SystemCallError
+      false
+    end
+  end
 
   def configure(max_spill:, worker_spill: 64 * 1024 * 1024, write_timeout_ms: WRITE_TIMEOUT_MS)
     Native.configure(8192, 8192, 100, 65_536, write_timeout_ms, RESPONSE_BUFFER, max_spill, worker_spill)
