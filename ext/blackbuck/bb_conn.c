@@ -140,7 +140,7 @@ static void buf_put(char *b, size_t cap)
 }
 static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
     k_remote_addr, k_server_name, k_server_port, k_http_host, k_content_length, k_content_type, k_connection,
-    v_http10, v_http11, v_port80, v_empty;
+    v_http10, v_http11, v_port80, v_port443, v_empty, k_url_scheme, v_https;
 
 static void conn_mark(void *p)
 {
@@ -303,12 +303,34 @@ static int ieq(const char *a, size_t alen, const char *lower)
 /* Sets SERVER_NAME and SERVER_PORT from the request's authority, which the parser validated and
  * split: v[0..host_len) is the host ("name", "[v6]"), then ":" and the port if host_len < n. An
  * empty authority (an empty Host) leaves the listener's name and port from the template. */
-static void set_host(VALUE env, const char *v, size_t n, size_t host_len)
+/* SERVER_NAME and SERVER_PORT from an authority the parser validated ("name", "name:port",
+ * "[v6]:port"; host_len bytes of host). A port's leading zeros are dropped ("0080" is 80: Rack 2's
+ * Lint reads "0080" as a bad octal number); no port means the scheme's default (default_port). */
+static void set_host(VALUE env, const char *v, size_t n, size_t host_len, VALUE default_port)
 {
     if (n == 0) return;
     rb_hash_aset(env, k_server_name, rb_str_new(v, (long)host_len));
-    if (host_len < n) rb_hash_aset(env, k_server_port, rb_str_new(v + host_len + 1, (long)(n - host_len - 1)));
-    else rb_hash_aset(env, k_server_port, v_port80);
+    if (host_len + 1 < n) {
+        const char *port = v + host_len + 1, *end = v + n;
+        while (port + 1 < end && *port == '0') port++;
+        rb_hash_aset(env, k_server_port, rb_str_new(port, (long)(end - port)));
+    } else {
+        rb_hash_aset(env, k_server_port, default_port);
+    }
+}
+
+/* X-Forwarded-Proto: https (its first value), X-Forwarded-Scheme: https or X-Forwarded-Ssl: on, as
+ * a TLS-terminating proxy in front (nginx, a load balancer) sends them and Puma and Unicorn read
+ * them: the request came in over https. Only when trust_forwarded_proto is on. */
+static int forwarded_https(const struct bb_header *h)
+{
+    const char *n = h->name, *v = h->value;
+    size_t nl = h->name_len, vl = h->value_len;
+    if (nl < 15 || nl > 18 || (n[0] | 0x20) != 'x' || n[1] != '-') return 0; /* most fields stop here */
+    if (ieq(n, nl, "x-forwarded-proto") || ieq(n, nl, "x-forwarded-scheme"))
+        return vl >= 5 && ieq(v, 5, "https") && (vl == 5 || v[5] == ',' || v[5] == ' ');
+    if (ieq(n, nl, "x-forwarded-ssl")) return ieq(v, vl, "on");
+    return 0;
 }
 
 /* The env keys of the fields most requests carry, and the common methods, interned once at
@@ -398,7 +420,7 @@ static VALUE conn_parse(VALUE self)
     struct bb_request req;
     VALUE env;
     size_t i;
-    int r;
+    int r, https = 0;
 
     if (c->off == c->len) return Qnil;
     memset(&req, 0, sizeof(req));
@@ -424,8 +446,12 @@ static VALUE conn_parse(VALUE self)
     rb_hash_aset(env, k_http_version, req.minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
     rb_hash_aset(env, k_connection, self);
-    for (i = 0; i < req.num_headers; i++) add_header(env, &headers[i]);
-    if (req.authority) set_host(env, req.authority, req.authority_len, req.host_len);
+    for (i = 0; i < req.num_headers; i++) {
+        add_header(env, &headers[i]);
+        if (bb_settings.trust_forwarded_proto && !https) https = forwarded_https(&headers[i]);
+    }
+    if (https) rb_hash_aset(env, k_url_scheme, v_https);
+    if (req.authority) set_host(env, req.authority, req.authority_len, req.host_len, https ? v_port443 : v_port80);
     /* absolute-form: RFC 9112 3.2.2, the target's authority wins over Host. HTTP_HOST says the
      * same as SERVER_NAME (as in Unicorn), since Rack and Rails take the host from HTTP_HOST. */
     if (req.flags & BB_F_ABSOLUTE_FORM)
@@ -936,6 +962,13 @@ static VALUE conn_write_response(VALUE self, VALUE vstatus, VALUE headers, VALUE
         c->keepalive = 0;
         mode = STREAM_RAW;
     } else if (no_body) {
+        /* HEAD of an Array body: the length its GET would have (RFC 9110 9.3.2), unless the app gave
+         * one. An empty Array says nothing (Rack::Head has already dropped a body we cannot measure). */
+        if (c->head_only && status >= 200 && status != 204 && status != 304 && !st.have_length && !st.have_te) {
+            int64_t total = 0;
+            for (i = 0; i < nparts; i++) total += RSTRING_LEN(RARRAY_AREF(body, i));
+            if (total > 0) hcat(num, (size_t)snprintf(num, sizeof(num), "Content-Length: %lld\r\n", (long long)total));
+        }
         mode = WRITE_DONE;
         nparts = 0;
     } else if (!NIL_P(body)) {
@@ -1422,6 +1455,9 @@ void bb_init_conn(void)
     v_http10 = reg(bb_fstring("HTTP/1.0", 8));
     v_http11 = reg(bb_fstring("HTTP/1.1", 8));
     v_port80 = reg(bb_fstring("80", 2));
+    v_port443 = reg(bb_fstring("443", 3));
+    k_url_scheme = reg(bb_fstring("rack.url_scheme", 15));
+    v_https = reg(bb_fstring("https", 5));
     v_empty = reg(bb_fstring("", 0)); /* QUERY_STRING when there is none: shared and frozen */
     {
         size_t i;

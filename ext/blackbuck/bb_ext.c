@@ -205,29 +205,33 @@ static VALUE native_sched_batch(VALUE self)
 #endif
 }
 
+/* The value of setting `name` in the settings Hash; KeyError when it is missing. */
+static VALUE setting(VALUE h, const char *name) { return rb_hash_fetch(h, ID2SYM(rb_intern(name))); }
+
 /*
- * Native.configure(max_request_line, max_uri, max_headers, max_header_bytes, write_timeout_ms,
- *                  response_buffer, max_response_spill, max_worker_spill) -- positional, once at boot
+ * Native.configure(settings) -- once at boot, from the server's Config (a Hash with at least the
+ * keys read here; Server.configure_native passes Config#values).
  */
-static VALUE native_configure(int argc, VALUE *argv, VALUE self)
+static VALUE native_configure(VALUE self, VALUE h)
 {
-    long h;
+    long headers;
     long long spill, worker_spill;
-    rb_check_arity(argc, 8, 8);
-    h = NUM2LONG(argv[2]);
-    if (h < 1 || h > BB_HEADERS_CAP) rb_raise(rb_eArgError, "max_headers must be 1..%d", BB_HEADERS_CAP);
-    spill = NUM2LL(argv[6]);
+    Check_Type(h, T_HASH);
+    headers = NUM2LONG(setting(h, "max_headers"));
+    if (headers < 1 || headers > BB_HEADERS_CAP) rb_raise(rb_eArgError, "max_headers must be 1..%d", BB_HEADERS_CAP);
+    spill = NUM2LL(setting(h, "max_response_spill"));
     if (spill < 0) rb_raise(rb_eArgError, "max_response_spill must be >= 0");
-    worker_spill = NUM2LL(argv[7]);
+    worker_spill = NUM2LL(setting(h, "max_worker_spill"));
     if (worker_spill < 0) rb_raise(rb_eArgError, "max_worker_spill must be >= 0");
-    bb_settings.limits.max_request_line = NUM2SIZET(argv[0]);
-    bb_settings.limits.max_uri = NUM2SIZET(argv[1]);
-    bb_settings.limits.max_headers = (size_t)h;
-    bb_settings.limits.max_header_bytes = NUM2SIZET(argv[3]);
-    bb_settings.write_timeout_ms = NUM2INT(argv[4]);
-    bb_settings.response_buffer = NUM2SIZET(argv[5]);
+    bb_settings.limits.max_request_line = NUM2SIZET(setting(h, "max_request_line"));
+    bb_settings.limits.max_uri = NUM2SIZET(setting(h, "max_uri"));
+    bb_settings.limits.max_headers = (size_t)headers;
+    bb_settings.limits.max_header_bytes = NUM2SIZET(setting(h, "max_header_bytes"));
+    bb_settings.write_timeout_ms = (int)(NUM2DBL(setting(h, "write_timeout")) * 1000);
+    bb_settings.response_buffer = NUM2SIZET(setting(h, "response_buffer"));
     bb_settings.max_response_spill = (int64_t)spill;
     bb_settings.max_worker_spill = (int64_t)worker_spill;
+    bb_settings.trust_forwarded_proto = RTEST(setting(h, "trust_forwarded_proto"));
     return Qnil;
 }
 
@@ -258,12 +262,13 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
     bb_settings.response_buffer = BB_DEFAULT_RESPONSE_BUFFER;
     bb_settings.max_response_spill = BB_DEFAULT_MAX_RESPONSE_SPILL;
     bb_settings.max_worker_spill = BB_DEFAULT_MAX_WORKER_SPILL;
+    bb_settings.trust_forwarded_proto = 1;
     rb_gc_register_address(&logger);
 
     rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);
     rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);
     rb_define_module_function(bb_mNative, "sched_batch", native_sched_batch, 0);
-    rb_define_module_function(bb_mNative, "configure", native_configure, -1);
+    rb_define_module_function(bb_mNative, "configure", native_configure, 1);
     rb_define_module_function(bb_mNative, "logger=", native_set_logger, 1);
     rb_define_module_function(bb_mNative, "http_impl", native_http_impl, 0);
 

@@ -30,6 +30,7 @@ struct bb_settings {
     size_t response_buffer;     /* bytes of output a connection may queue in memory; past it, spill */
     int64_t max_response_spill; /* bytes a connection's spill file may hold; past it, wait; 0 = never spill */
     int64_t max_worker_spill;   /* bytes all spill files of this process may hold together; past it, wait */
+    int trust_forwarded_proto;  /* X-Forwarded-Proto/-Ssl/-Scheme from a proxy set rack.url_scheme */
 };
 extern struct bb_settings bb_settings;
 

@@ -116,6 +116,8 @@ module Blackbuck
              &set(:x_accel_mapping))
         o.separator ""
         o.separator "Connections:"
+        o.on("--[no-]trust-forwarded-proto", "X-Forwarded-Proto/-Ssl/-Scheme: https set rack.url_scheme (default on; " \
+                                               "turn off when clients reach the server directly)", &set(:trust_forwarded_proto))
         o.on("--[no-]keepalive", "HTTP persistent connections (default on)", &set(:keepalive))
         o.on("--keepalive-timeout SEC", "idle keep-alive connections close after SEC (default 75)", &set(:keepalive_timeout))
         o.on("--max-keepalive-requests N", "requests per connection (default 1000)", &set(:max_keepalive_requests))

@@ -104,9 +104,7 @@ module Blackbuck
 
     def configure_native(config)
       Rack::Utils::HTTP_STATUS_CODES.each { |code, phrase| Native.set_reason(code, phrase) }
-      Native.configure(config[:max_request_line], config[:max_uri], config[:max_headers],
-                       config[:max_header_bytes], (config[:write_timeout] * 1000).to_i,
-                       config[:response_buffer], config[:max_response_spill], config[:max_worker_spill])
+      Native.configure(config.values)
     end
 
     def write_pid(path)

@@ -34,9 +34,7 @@ class ConnOutputTest < Minitest::Test
     @server&.close
     @old_tmpdir ? ENV["TMPDIR"] = @old_tmpdir : ENV.delete("TMPDIR")
     Native.logger = nil
-    c = Blackbuck::Config.new
-    Native.configure(c[:max_request_line], c[:max_uri], c[:max_headers], c[:max_header_bytes],
-                     c[:write_timeout] * 1000, c[:response_buffer], c[:max_response_spill], c[:max_worker_spill])
+    Native.configure(Blackbuck::Config.new.values)
     FileUtils.rm_rf(@dir)
   end
 
@@ -187,7 +185,8 @@ class ConnOutputTest < Minitest::Test
   end
 
   def configure(max_spill:, worker_spill: 64 * 1024 * 1024, write_timeout_ms: WRITE_TIMEOUT_MS)
-    Native.configure(8192, 8192, 100, 65_536, write_timeout_ms, RESPONSE_BUFFER, max_spill, worker_spill)
+    Native.configure(Blackbuck::Config.new.values.merge(write_timeout: write_timeout_ms / 1000.0, response_buffer: RESPONSE_BUFFER,
+                                                        max_response_spill: max_spill, max_worker_spill: worker_spill))
   end
 
   def stalled_conn
