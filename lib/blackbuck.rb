@@ -18,10 +18,13 @@ require_relative "blackbuck/supervisor"
 require_relative "blackbuck/server"
 
 module Blackbuck
-  # The value of env["rack.version"]: Rack 2's Lint wants an Array.
+  # The value of env["rack.version"]: Rack 2's Lint wants an Array (its Rack::VERSION, the
+  # protocol version [1, 3]); Rack 3 no longer asks for it (3.1 has no Rack::VERSION at all,
+  # 3.2 a String): its release's major and minor.
   def self.rack_version
     require "rack"
-    v = Rack::VERSION
-    v.is_a?(Array) ? v : v.to_s.split(".").first(2).map(&:to_i)
+    return Rack::VERSION if defined?(Rack::VERSION) && Rack::VERSION.is_a?(Array)
+
+    Rack.release.split(".").first(2).map(&:to_i)
   end
 end

@@ -126,6 +126,8 @@ module Blackbuck
       return nil unless body.respond_to?(:to_path)
 
       path = body.to_path
+      # Rails' send_file(Rails.root.join(...)) answers the Pathname it was given
+      path = path.to_path if !path.is_a?(String) && path.respond_to?(:to_path)
       path.is_a?(String) ? conn.write_file(status, headers, path) : nil
     end
 

@@ -4,6 +4,7 @@
 # fills; every route names a file in it by ?name=. Bodies count how often Ruby iterated them
 # (GET /stats), so a test can tell a file sent by the server from one streamed through Ruby.
 require "json"
+require "pathname"
 require "tempfile"
 require "rack/files"
 require "rack/sendfile"
@@ -75,6 +76,8 @@ run lambda { |env|
   when %r{\A/rack-accel/} then accel.call(env.merge("PATH_INFO" => env["PATH_INFO"].delete_prefix("/rack-accel")))
   when "/path" then [200, { "content-type" => "application/octet-stream" }, PathBody.new(file)]
   when "/rails" then [200, { "content-type" => "application/octet-stream" }, RailsLikeBody.new(file)]
+  when "/pathname" # send_file(Rails.root.join(...)): to_path answers a Pathname
+    [200, { "content-type" => "application/octet-stream" }, RailsLikeBody.new(Pathname.new(file))]
   when "/tempfile" then [200, {}, TempfileBody.new(Integer(q.fetch("bytes")))]
   when "/length" # the app's own Content-Length, and a body whose each yields that many bytes
     n = Integer(q.fetch("length"))
