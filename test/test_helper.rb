@@ -129,6 +129,64 @@ class ServerProcess < ChildProcess
   def unix = UNIXSocket.new(unix_path)
 end
 
+# Debian's nginx in front of an upstream ("unix:/path" or "HOST:PORT") with upstream keep-alive,
+# as docs/DEPLOY.md recommends, listening on 127.0.0.1:#port. Started and stopped by pid.
+class NginxProxy
+  BIN = "/usr/sbin/nginx"
+
+  def self.available? = File.executable?(BIN)
+
+  attr_reader :port, :dir
+
+  # forwarded_proto: the X-Forwarded-Proto it sets (a TLS-terminating proxy says "https").
+  def initialize(upstream, forwarded_proto: "$scheme", user: Process.uid.zero? ? "root" : nil)
+    @dir = Dir.mktmpdir("bb-nginx")
+    @port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    File.write("#{@dir}/nginx.conf", <<~CONF)
+      #{"user #{user};" if user}
+      worker_processes 1;
+      daemon off;
+      pid #{@dir}/nginx.pid;
+      error_log #{@dir}/error.log;
+      events { worker_connections 256; }
+      http {
+        access_log off;
+        client_max_body_size 64m;
+        client_body_temp_path #{@dir}/body; proxy_temp_path #{@dir}/proxy;
+        fastcgi_temp_path #{@dir}/fcgi; uwsgi_temp_path #{@dir}/uwsgi; scgi_temp_path #{@dir}/scgi;
+        upstream app { server #{upstream} fail_timeout=0; keepalive 16; }
+        server {
+          listen 127.0.0.1:#{@port};
+          location / {
+            proxy_pass http://app;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $host;
+            proxy_set_header X-Forwarded-For $remote_addr;
+            proxy_set_header X-Forwarded-Proto #{forwarded_proto};
+          }
+        }
+      }
+    CONF
+    @process = ChildProcess.new([BIN, "-p", @dir, "-c", "#{@dir}/nginx.conf"], log_path: "#{@dir}/out.log")
+    Timeout.timeout(10) do
+      TCPSocket.new("127.0.0.1", @port).close
+    rescue Errno::ECONNREFUSED
+      raise "nginx exited: #{@process.log}" if @process.exited?
+
+      sleep 0.05
+      retry
+    end
+  end
+
+  def error_log = File.exist?("#{@dir}/error.log") ? File.read("#{@dir}/error.log") : ""
+
+  def stop
+    @process.stop
+    FileUtils.rm_rf(@dir)
+  end
+end
+
 # A parsed HTTP/1.x response.
 Response = Struct.new(:status, :headers, :body, :raw) do
   def [](name) = headers[name.downcase]

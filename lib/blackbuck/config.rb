@@ -82,7 +82,9 @@ module Blackbuck
       raise ConfigError, "unknown setting #{key}" unless DEFAULTS.key?(key) || key == :listen_one
 
       case key
-      when :listen then value.each { |a| set(:listen_one, a) }
+      when :listen # the whole list (listen_one adds one)
+        @values[:listen] = []
+        Array(value).each { |a| set(:listen_one, a) }
       when :listen_one then @values[:listen] << string(:listen, value)
       when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
       when :port then @values[key] = int(key, value, 0, 65_535)

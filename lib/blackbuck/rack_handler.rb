@@ -72,17 +72,20 @@ module Blackbuck
       [settings, ignored, unknown]
     end
 
-    # Rhebok's Path= replaces Host/Port. Rails passes its default Host and Port (localhost:3000)
-    # whether the user gave them or not, and names the ones the user gave (-b, -p, $PORT) in
-    # user_supplied_options: a config file's address wins over Rails' defaults, never over those.
+    # Where the address comes from. Rhebok's Path= replaces Host/Port. Rails passes its default
+    # Host and Port (localhost:3000) whether the user gave them or not, and names the ones the
+    # user gave (-b, -p, $PORT) in user_supplied_options: those replace the config file's
+    # listeners (as `port` does in config/puma.rb); Rails' defaults and rackup's (which says
+    # nothing about what the user gave) apply only when the config file names no address.
     def apply(config, settings, user_supplied)
       path_given = settings.any? { |k, _| k == :listen_one }
       file_address = !config[:listen].empty? || !config[:port].nil? || config[:host] != Config::DEFAULTS[:host]
+      given = user_supplied&.map(&:to_s)
+      use_address = !path_given && (given ? given.intersect?(%w[Host Port]) || !file_address : !file_address)
+      config.set(:listen, []) if use_address && given&.intersect?(%w[Host Port])
       settings.each do |key, value|
-        if ADDRESS.include?(key)
-          next if path_given
-          next if file_address && user_supplied && !user_supplied.map(&:to_s).include?(key.to_s.capitalize)
-        end
+        next if ADDRESS.include?(key) && !use_address
+
         config.set(key, value.is_a?(String) || value.is_a?(Proc) ? value : value.to_s)
       end
     end
