@@ -9,7 +9,8 @@ require_relative "listeners"
 module Blackbuck
   # `blackbuck status [--json] [-c FILE] [ADDR]`: fetches GET /status from a master's
   # stats_listen address and prints it as a table (or the raw JSON). Without ADDR the address
-  # is the stats_listen of the config file given with -c, else $BLACKBUCK_STATS. Exit 0 on
+  # is the stats_listen of the config file given with -c (without -c, config/blackbuck.rb when it
+  # exists, the file the server itself reads), else $BLACKBUCK_STATS. Exit 0 on
   # success; 1 when the address does not answer, is not a status listener, or the config file
   # is broken; 2 for usage mistakes (no address at all). Every error is one line on stderr.
   class StatusClient
@@ -36,7 +37,7 @@ module Blackbuck
       rest = OptionParser.new do |o|
         o.banner = "Usage: blackbuck status [--json] [-c FILE] [ADDR]"
         o.separator "ADDR: HOST:PORT or unix:/path, as given to --stats-listen. Without it: the stats_listen"
-        o.separator "of the config file given with -c, else $#{ENV_ADDR}."
+        o.separator "of the config file given with -c (default config/blackbuck.rb when present), else $#{ENV_ADDR}."
         o.on("--json", "print the raw JSON") { @json = true }
         o.on("-c", "--config FILE", "read the address from this config file's stats_listen") { |f| @config_file = f }
       end.parse(@argv)
@@ -65,8 +66,9 @@ module Blackbuck
     # stats_listen of -c FILE (evaluated with Config::DSL: hooks are stored, never run), else
     # $BLACKBUCK_STATS.
     def configured_address
+      require_relative "config"
+      @config_file ||= Config::DEFAULT_FILE if File.file?(Config::DEFAULT_FILE)
       if @config_file
-        require_relative "config"
         addr = Config::DSL.load(Config.new, @config_file)[:stats_listen]
         return addr if addr
       end

@@ -162,8 +162,8 @@ class StatusTest < ServerTest
 
   # `blackbuck status` run as a user would: [stdout, stderr, Process::Status]. BLACKBUCK_STATS is
   # unset unless env sets it.
-  def status_command(*args, env: {})
-    Open3.capture3({ "BLACKBUCK_STATS" => nil }.merge(env), RbConfig.ruby, EXE, "status", *args)
+  def status_command(*args, env: {}, chdir: ROOT)
+    Open3.capture3({ "BLACKBUCK_STATS" => nil }.merge(env), RbConfig.ruby, EXE, "status", *args, chdir: chdir)
   end
 
   def test_status_command_without_an_address_says_how_to_give_one
@@ -207,6 +207,13 @@ class StatusTest < ServerTest
     out, err, st = status_command("--json", "-c", "#{server.dir}/blackbuck.rb")
     assert st.success?, err
     assert_equal server.pid, JSON.parse(out)["pid"]
+
+    # without -c, config/blackbuck.rb of the current directory (the file the server reads)
+    FileUtils.mkdir_p("#{server.dir}/app/config")
+    File.write("#{server.dir}/app/config/blackbuck.rb", "stats_listen \"unix:#{@stats}\"\n")
+    out, err, st = status_command(chdir: "#{server.dir}/app")
+    assert st.success?, err
+    assert_match(/master pid #{server.pid}/, out)
 
     File.write("#{server.dir}/broken.rb", "stats_listen 9393\n")
     out, err, st = status_command("-c", "#{server.dir}/broken.rb")
