@@ -9,10 +9,12 @@ task :bench do
 end
 
 namespace :bench do
-  desc "Reduced benchmark for CI (< 3 min): every server, TCP and UNIX socket, both modes"
+  desc "Reduced benchmark for CI (< 3 min): every server, TCP and UNIX socket, both modes; writes tmp/bench-quick/"
   task quick: :test do
     ENV["BLACKBUCK_BENCH_COMMAND"] ||= "bundle exec rake bench:quick"
-    ruby File.join(__dir__, "run.rb"), "--quick", *ENV.fetch("BENCH_ARGS", "").split
+    # not bench/results/: the committed full run must not be replaced by a quick one
+    out = File.expand_path("../tmp/bench-quick", __dir__)
+    ruby File.join(__dir__, "run.rb"), "--quick", "--out", out, *ENV.fetch("BENCH_ARGS", "").split
   end
 
   desc "Unit tests of the harness (load-tool parsers, aggregation); no servers, no load"
