@@ -335,6 +335,35 @@ class ServerTest < Minitest::Test
     v
   end
 
+  # What a process holds open (the targets of /proc/PID/fd links).
+  def fd_links(pid)
+    Dir.children("/proc/#{pid}/fd").filter_map do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}")
+    rescue SystemCallError
+      nil
+    end
+  end
+
+  STALLED_RCVBUF = 16_384 # bytes: a stalled client's receive buffer, so the kernel holds little
+
+  # A GET (and any bytes after it) from a client that then reads nothing.
+  def stalled_request(server, path, more: "")
+    s = Socket.new(:INET, :STREAM)
+    s.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, STALLED_RCVBUF)
+    s.connect(Socket.sockaddr_in(server.tcp_port, server.tcp_host))
+    s.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n#{more}")
+    s
+  end
+
+  def alive?(pid)
+    Process.kill(0, pid)
+    true
+  rescue Errno::ESRCH
+    false
+  end
+
+  def free_port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+
   # Sockets a process holds open (from /proc).
   def socket_fds(pid)
     Dir.children("/proc/#{pid}/fd").count do |fd|

@@ -14,7 +14,6 @@ class ResponseSpillHardeningTest < ServerTest
   PART_BYTES = 64 * 1024 # as in apps/spill.ru
   STREAM_PARTS = 256     # 16 MiB streamed
   ARRAY_PARTS = 512      # 32 MiB Array body
-  CLIENT_RCVBUF = 16_384 # bytes: the stalled client's receive buffer, so the kernel holds little
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -241,22 +240,6 @@ class ResponseSpillHardeningTest < ServerTest
   end
 
   def stats_json(path) = JSON.parse(stats_get(path, "/status"))
-
-  def stalled_request(server, path, more: "")
-    s = Socket.new(:INET, :STREAM)
-    s.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, CLIENT_RCVBUF)
-    s.connect(Socket.sockaddr_in(server.tcp_port, server.tcp_host))
-    s.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n#{more}")
-    s
-  end
-
-  def fd_links(pid)
-    Dir.children("/proc/#{pid}/fd").filter_map do |fd|
-      File.readlink("/proc/#{pid}/fd/#{fd}")
-    rescue SystemCallError
-      nil
-    end
-  end
 
   # The worker's open files in the server's $TMPDIR (the test server's directory).
   def spill_files(server, pid) = fd_links(pid).select { |l| l.start_with?("#{server.dir}/") && !l.end_with?(".log") }

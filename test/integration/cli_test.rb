@@ -118,7 +118,7 @@ class CLITest < ServerTest
 
   def test_port_env_and_pid_file
     dir = Dir.mktmpdir("bb-test")
-    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    port = free_port
     server = start_server(["-o", "127.0.0.1", "--pid", "#{dir}/bb.pid"], env: { "PORT" => port.to_s }, dir: dir)
     assert_equal ["http://127.0.0.1:#{port}"], server.addrs
     assert_equal server.pid, File.read("#{dir}/bb.pid").to_i

@@ -38,43 +38,10 @@ class RealClientsTest < ServerTest
   end
 
   def test_nginx_proxy_with_upstream_keepalive
-    nginx = "/usr/sbin/nginx"
-    skip "nginx is not installed" unless File.executable?(nginx)
-    dir = Dir.mktmpdir("bb-nginx")
-    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
-    File.write("#{dir}/nginx.conf", <<~CONF)
-      #{'user root;' if Process.uid.zero?} # else its workers could not reach the socket in our 0700 tmpdir
-      worker_processes 1;
-      daemon off;
-      pid #{dir}/nginx.pid;
-      error_log #{dir}/error.log;
-      events { worker_connections 256; }
-      http {
-        access_log off;
-        client_body_temp_path #{dir}/body; proxy_temp_path #{dir}/proxy;
-        fastcgi_temp_path #{dir}/fcgi; uwsgi_temp_path #{dir}/uwsgi; scgi_temp_path #{dir}/scgi;
-        upstream app { server unix:#{@server.unix_path}; keepalive 8; }
-        server {
-          listen 127.0.0.1:#{port};
-          location / {
-            proxy_pass http://app;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host $host;
-            proxy_set_header X-Forwarded-For $remote_addr;
-          }
-        }
-      }
-    CONF
-    pid = Process.spawn(nginx, "-p", dir, "-c", "#{dir}/nginx.conf", out: "#{dir}/out.log", err: "#{dir}/out.log")
-    Timeout.timeout(10) do
-      TCPSocket.new("127.0.0.1", port).close
-    rescue Errno::ECONNREFUSED
-      sleep 0.05
-      retry
-    end
+    skip "nginx is not installed" unless NginxProxy.available?
+    nginx = NginxProxy.new("unix:#{@server.unix_path}")
     ids = Array.new(20) do
-      Net::HTTP.start("127.0.0.1", port) do |http| # a new client connection each time
+      Net::HTTP.start("127.0.0.1", nginx.port) do |http| # a new client connection each time
         res = http.get("/env")
         assert_equal 200, res.code.to_i
         env = JSON.parse(res.body)
@@ -83,15 +50,11 @@ class RealClientsTest < ServerTest
       end
     end
     assert_operator ids.uniq.size, :<=, 2, "nginx kept its upstream connection alive across client connections"
-    Net::HTTP.start("127.0.0.1", port) do |http|
+    Net::HTTP.start("127.0.0.1", nginx.port) do |http|
       assert_equal "abbccc", http.get("/each").body, "chunked response through nginx"
       assert_equal "y" * 50_000, http.post("/echo", "y" * 50_000).body
     end
   ensure
-    if pid
-      Process.kill(:TERM, pid)
-      Process.wait(pid)
-    end
-    FileUtils.rm_rf(dir) if dir
+    nginx&.stop
   end
 end

@@ -14,7 +14,6 @@ class FileBodyTest < ServerTest
   MIB = 1024 * 1024
   BIG = 5 * MIB + 7      # a few MiB, not a multiple of any buffer size
   HUGE = 64 * MIB        # more than the socket buffers, the memory queue and one flush (4 MiB) hold
-  CLIENT_RCVBUF = 16_384 # bytes: a stalled client's receive buffer, so the kernel holds little
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -365,22 +364,6 @@ class FileBodyTest < ServerTest
     lines = head.split("\r\n")
     headers = lines.drop(1).to_h { |l| k, v = l.split(":", 2); [k.downcase, v.strip] }
     [lines.first[/\AHTTP\/1\.1 (\d{3})/, 1].to_i, headers, File.binread(out)]
-  end
-
-  def stalled_request(server, path)
-    s = Socket.new(:INET, :STREAM)
-    s.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, CLIENT_RCVBUF)
-    s.connect(Socket.sockaddr_in(server.tcp_port, server.tcp_host))
-    s.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n")
-    s
-  end
-
-  def fd_links(pid)
-    Dir.children("/proc/#{pid}/fd").filter_map do |fd|
-      File.readlink("/proc/#{pid}/fd/#{fd}")
-    rescue SystemCallError
-      nil
-    end
   end
 
   # One Content-Length response, its body hashed as it arrives: [status, headers, SHA-256, size].

@@ -6,87 +6,64 @@ require "open3"
 # `rackup -s blackbuck` with Rhebok-style and snake_case options (Rack 3 + rackup gem here;
 # Rack 2.2's own rackup under rake test:rack2).
 class HandlerTest < ServerTest
-  def rackup_cmd
+  def setup
+    @dir = Dir.mktmpdir("bb-test")
+  end
+
+  def teardown
+    @rackup&.stop
+    warn "\n--- rackup log (#{name}) ---\n#{@rackup.log}--- end ---" if @rackup && !passed?
+    FileUtils.rm_rf(@dir)
+    super
+  end
+
+  # `rackup -s blackbuck OPTIONS kitchen.ru`; waits for `workers` ready lines unless 0.
+  def rackup(*options, workers: 1)
     rack2 = Gem.loaded_specs["rack"]&.version.to_s.start_with?("2.")
-    gem = rack2 ? "rack" : "rackup"
-    [RbConfig.ruby, "-I", File.join(ROOT, "lib"), Gem.bin_path(gem, "rackup")]
+    bin = Gem.bin_path(rack2 ? "rack" : "rackup", "rackup")
+    @rackup = ChildProcess.new([RbConfig.ruby, "-I", File.join(ROOT, "lib"), bin, "-s", "blackbuck", "-E", "none",
+                                *options, File.join(APPS, "kitchen.ru")], log_path: "#{@dir}/rackup.log")
+    wait_for(20) { @rackup.log.scan(/worker \d \(pid \d+\) ready/).size >= workers || @rackup.exited? } if workers.positive?
+    @rackup
   end
 
   def test_rackup_with_rhebok_option_names
-    dir = Dir.mktmpdir("bb-test")
-    sock = "#{dir}/rackup.sock"
-    log = "#{dir}/rackup.log"
-    pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-O", "Path=#{sock}", "-O", "MaxWorkers=2",
-                        "-O", "MaxRequestPerChild=100", "-O", "Timeout=30", File.join(APPS, "kitchen.ru"),
-                        out: log, err: %i[child out], pgroup: true)
-    Timeout.timeout(20) { sleep 0.05 until File.read(log).scan(/worker \d \(pid \d+\) ready/).size == 2 }
+    sock = "#{@dir}/rackup.sock"
+    server = rackup("-O", "Path=#{sock}", "-O", "MaxWorkers=2", "-O", "MaxRequestPerChild=100", "-O", "Timeout=30",
+                    workers: 2)
     io = UNIXSocket.new(sock)
     assert_equal "hello world\n", request(io, "GET", "/hello").body
     io.close
-    Process.kill(:TERM, pid)
-    _, status = Process.wait2(pid)
-    assert status.success?, File.read(log)
-  ensure
-    begin
-      Process.kill(:KILL, -pid) if pid
-    rescue Errno::ESRCH
-      nil
-    end
-    warn File.read(log) if log && !passed? && File.exist?(log)
+    server.signal(:TERM)
+    assert server.wait_exit(15)&.success?, server.log
   end
 
   def test_rackup_with_host_and_port
-    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
-    dir = Dir.mktmpdir("bb-test")
-    log = "#{dir}/rackup.log"
-    pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-o", "127.0.0.1", "-p", port.to_s,
-                        "-O", "workers=1", File.join(APPS, "kitchen.ru"), out: log, err: %i[child out], pgroup: true)
-    Timeout.timeout(20) { sleep 0.05 until File.read(log).include?("worker 0 (pid") }
+    port = free_port
+    rackup("-o", "127.0.0.1", "-p", port.to_s, "-O", "workers=1")
     io = TCPSocket.new("127.0.0.1", port)
     assert_equal 200, request(io, "GET", "/hello").status
-    io.close
   ensure
-    if pid
-      Process.kill(:TERM, pid)
-      Process.wait(pid)
-    end
-    warn File.read(log) if log && !passed? && File.exist?(log)
+    io&.close
   end
 
   # Options the caller passes that are not settings (Rails and rackup pass their own; a user may
   # mistype one): a warning for the unknown ones, and the server starts.
   def test_unknown_option_is_a_warning_not_a_crash
-    dir = Dir.mktmpdir("bb-test")
-    sock = "#{dir}/rackup.sock"
-    log = "#{dir}/rackup.log"
-    pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-O", "Path=#{sock}", "-O", "workers=1",
-                        "-O", "frobnicate=3", File.join(APPS, "kitchen.ru"), out: log, err: %i[child out], pgroup: true)
-    Timeout.timeout(20) { sleep 0.05 until File.read(log).include?("worker 0 (pid") }
-    assert_match(/WARN ignoring unknown option frobnicate="3"/, File.read(log))
+    sock = "#{@dir}/rackup.sock"
+    server = rackup("-O", "Path=#{sock}", "-O", "workers=1", "-O", "frobnicate=3")
+    assert_match(/WARN ignoring unknown option frobnicate="3"/, server.log)
     io = UNIXSocket.new(sock)
     assert_equal 200, request(io, "GET", "/hello").status
-    io.close
   ensure
-    if pid
-      Process.kill(:TERM, pid)
-      Process.wait(pid)
-    end
-    warn File.read(log) if log && !passed? && File.exist?(log)
+    io&.close
   end
 
   def test_bad_value_is_one_line_and_exit_1
-    dir = Dir.mktmpdir("bb-test")
-    log = "#{dir}/rackup.log"
-    pid = Process.spawn(*rackup_cmd, "-s", "blackbuck", "-E", "none", "-O", "workers=zero", File.join(APPS, "kitchen.ru"),
-                        out: log, err: %i[child out], pgroup: true)
-    _, status = Timeout.timeout(20) { Process.wait2(pid) }
-    pid = nil
-    assert_equal 1, status.exitstatus
-    out = File.read(log)
-    assert_match(/\Ablackbuck: workers must be an integer 1\.\.4096, got "zero"$/, out)
-    refute_match(/\.rb:\d+:in/, out, "no backtrace")
-  ensure
-    Process.kill(:KILL, -pid) if pid
-    warn File.read(log) if log && !passed? && File.exist?(log)
+    server = rackup("-O", "workers=zero", workers: 0)
+    status = server.wait_exit(20)
+    assert_equal 1, status&.exitstatus, server.log
+    assert_match(/\Ablackbuck: workers must be an integer 1\.\.4096, got "zero"$/, server.log)
+    refute_match(/\.rb:\d+:in/, server.log, "no backtrace")
   end
 end

@@ -15,7 +15,7 @@ class SinatraTest < ServerTest
       skip "sinatra is not in this bundle"
     end
     @dir = Dir.mktmpdir("bb-test")
-    @port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    @port = free_port
     @app = ChildProcess.new([RbConfig.ruby, "-I", File.join(ROOT, "lib"), APP], log_path: "#{@dir}/sinatra.log",
                             env: { "PORT" => @port.to_s, "WEB_CONCURRENCY" => "2" })
     wait_for(30) { @app.log.scan(/worker \d \(pid \d+\) ready/).size == 2 || (@app.exited? && flunk(@app.log)) }

@@ -8,12 +8,11 @@ require "open3"
 # unix_socket_group: Debian's nginx, its workers running as www-data, proxies to a Blackbuck
 # UNIX socket. Root only (nginx's `user` directive and chown to another group need it).
 class UnixSocketGroupTest < ServerTest
-  NGINX = "/usr/sbin/nginx"
   NGINX_USER = "www-data"
 
   def setup
     skip "needs root (nginx's `user #{NGINX_USER};` and a chown to its group)" unless Process.uid.zero?
-    skip "#{NGINX} is not installed (apt-get install nginx)" unless File.executable?(NGINX)
+    skip "#{NginxProxy::BIN} is not installed (apt-get install nginx)" unless NginxProxy.available?
     begin
       Etc.getpwnam(NGINX_USER)
       @gid = Etc.getgrnam(NGINX_USER).gid
@@ -37,47 +36,17 @@ class UnixSocketGroupTest < ServerTest
   end
 
   # nginx as Debian runs it: master root, workers www-data; proxies 127.0.0.1:PORT to @sock.
-  def start_nginx
-    @ngx = Dir.mktmpdir("bb-nginx")
-    @port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
-    File.write("#{@ngx}/nginx.conf", <<~CONF)
-      user #{NGINX_USER};
-      worker_processes 1;
-      daemon off;
-      pid #{@ngx}/nginx.pid;
-      error_log #{@ngx}/error.log;
-      events { worker_connections 64; }
-      http {
-        access_log off;
-        client_body_temp_path #{@ngx}/body; proxy_temp_path #{@ngx}/proxy;
-        fastcgi_temp_path #{@ngx}/fcgi; uwsgi_temp_path #{@ngx}/uwsgi; scgi_temp_path #{@ngx}/scgi;
-        upstream app { server unix:#{@sock} fail_timeout=0; }
-        server {
-          listen 127.0.0.1:#{@port};
-          location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
-        }
-      }
-    CONF
-    @nginx = ChildProcess.new([NGINX, "-p", @ngx, "-c", "#{@ngx}/nginx.conf"], log_path: "#{@ngx}/out.log")
-    Timeout.timeout(10) do
-      TCPSocket.new("127.0.0.1", @port).close
-    rescue Errno::ECONNREFUSED
-      raise "nginx exited: #{@nginx.log}" if @nginx.exited?
-
-      sleep 0.05
-      retry
-    end
-  end
+  def start_nginx = (@nginx = NginxProxy.new("unix:#{@sock}", user: NGINX_USER))
 
   def stop_nginx
-    @nginx&.stop
-    log = "#{@ngx}/error.log" if @ngx
-    warn "\n--- nginx error log ---\n#{File.read(log)}--- end ---" if log && !passed? && File.exist?(log)
-    FileUtils.rm_rf(@ngx) if @ngx
+    return unless @nginx
+
+    warn "\n--- nginx error log ---\n#{@nginx.error_log}--- end ---" unless passed?
+    @nginx.stop
   end
 
   def get_through_nginx
-    Net::HTTP.start("127.0.0.1", @port, open_timeout: 5, read_timeout: 10) { |http| http.get("/") }
+    Net::HTTP.start("127.0.0.1", @nginx.port, open_timeout: 5, read_timeout: 10) { |http| http.get("/") }
   end
 
   def test_nginx_as_www_data_reaches_a_socket_of_group_www_data_and_mode_0660
@@ -88,7 +57,7 @@ class UnixSocketGroupTest < ServerTest
     assert_equal 0, st.uid, "only the group changes"
     start_nginx
     res = get_through_nginx
-    assert_equal "200", res.code, File.read("#{@ngx}/error.log")
+    assert_equal "200", res.code, @nginx.error_log
     assert_equal "hello world\n", res.body
   end
 
@@ -100,7 +69,7 @@ class UnixSocketGroupTest < ServerTest
     start_nginx
     assert_equal "502", get_through_nginx.code
     assert_match(/connect\(\) to unix:#{Regexp.escape(@sock)} failed \(13: Permission denied\)/,
-                 File.read("#{@ngx}/error.log"))
+                 @nginx.error_log)
   end
 
   def test_config_file_directive_and_numeric_gid

@@ -75,7 +75,7 @@ class RailsAppTest < ServerTest
     sock.close
     rails.stop
 
-    port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+    port = free_port
     rails = start_rails_server("-b", "127.0.0.1", "-p", port.to_s, workers: 3)
     assert_match(/listening on http:\/\/127\.0\.0\.1:#{port}/, rails.log, "-b/-p win over the file")
     refute_match(/listening on unix/, rails.log)

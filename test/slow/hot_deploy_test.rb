@@ -110,19 +110,5 @@ class HotDeployTest < ServerTest
 
   def connect(transport) = transport == :tcp ? TCPSocket.new("127.0.0.1", @port) : UNIXSocket.new(@sock)
 
-  def free_port
-    s = TCPServer.new("127.0.0.1", 0)
-    s.addr[1]
-  ensure
-    s&.close
-  end
-
-  def alive?(pid)
-    Process.kill(0, pid)
-    true
-  rescue Errno::ESRCH
-    false
-  end
-
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 end

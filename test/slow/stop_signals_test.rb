@@ -28,13 +28,6 @@ class StopSignalsTest < ServerTest
     io
   end
 
-  def alive?(pid)
-    Process.kill(0, pid)
-    true
-  rescue Errno::ESRCH
-    false
-  end
-
   def test_first_ctrl_c_is_graceful_and_says_what_more_do
     io = start_long_request
     ctrl_c
