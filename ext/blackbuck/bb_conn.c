@@ -85,6 +85,7 @@ struct conn {
     int body_done;
     int client_close;  /* the request asked to close after its response (HTTP/1.1 close, HTTP/1.0 without keep-alive) */
     int must_linger;   /* an error was answered: the client may still be sending (see shutdown_write) */
+    int drained;       /* the last read took less than it asked for: the socket had nothing more then */
     int watched;   /* the event mask it is registered with in the worker's poller; 0 = not registered */
     int64_t content_length;
     int64_t body_left;
@@ -285,6 +286,7 @@ static VALUE conn_fill(VALUE self)
         return INT2FIX(0); /* ECONNRESET and friends: the client is gone */
     }
     c->len += (size_t)n;
+    c->drained = (size_t)n < room;
     return LONG2FIX((long)n);
 }
 
@@ -1251,7 +1253,11 @@ static VALUE conn_shutdown_write(VALUE self)
     int unread = 0;
     if (c->fd < 0) return Qfalse;
     out_discard(c);
-    if (c->client_close && !c->must_linger && c->len == c->off && ioctl(c->fd, FIONREAD, &unread) == 0 && unread == 0)
+    /* nothing unread: not in our buffer, and the socket was drained by the last read (no syscall on
+     * the connection-per-request path) or says it holds nothing now. A client that asked to close
+     * must not send more (RFC 9112 9.6), so bytes arriving later are its own loss. */
+    if (c->client_close && !c->must_linger && c->len == c->off &&
+        (c->drained || (ioctl(c->fd, FIONREAD, &unread) == 0 && unread == 0)))
         return Qfalse;
     shutdown(c->fd, SHUT_WR);
     c->off = c->len = 0;
@@ -1317,8 +1323,7 @@ static VALUE conn_next(VALUE self)
     c->body_mode = BODY_NONE;
     c->body_done = 1;
     c->expect_continue = 0;
-    c->head_only = 0;
-    c->client_close = 0;
+    c->head_only = 0; /* client_close stays: finish_response asks shutdown_write after this */
     c->spill_failed = 0;
     return self;
 }
