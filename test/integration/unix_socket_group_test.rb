@@ -91,24 +91,4 @@ class UnixSocketGroupTest < ServerTest
   ensure
     server&.stop
   end
-
-  # A server that may not chown to the group (not root, not a member) stops at boot with one
-  # line naming the setting, and leaves no socket file behind.
-  def test_a_group_the_server_may_not_give_is_a_boot_error
-    setpriv = "/usr/bin/setpriv"
-    skip "#{setpriv} is not installed (util-linux)" unless File.executable?(setpriv)
-    File.chmod(0o777, @dir) # nobody binds here
-    cmd = [setpriv, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-           RbConfig.ruby, EXE, "-w", "1", "-l", "unix:#{@sock}", "--unix-socket-group", NGINX_USER,
-           File.join(APPS, "hello.ru")]
-    boot = ChildProcess.new(cmd, log_path: "#{@dir}/boot.log", env: { "HOME" => @dir })
-    st = boot.wait_exit(30)
-    refute_nil st, "the server did not stop at boot: #{boot.log}"
-    assert_equal 1, st.exitstatus, boot.log
-    assert_equal "blackbuck: unix_socket_group: cannot give unix:#{@sock} to group #{NGINX_USER}: " \
-                 "Operation not permitted (the server must run as root or as a member of #{NGINX_USER})\n", boot.log
-    refute File.exist?(@sock), "the socket file bound before the chown is removed"
-  ensure
-    boot&.stop
-  end
 end

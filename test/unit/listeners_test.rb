@@ -2,6 +2,7 @@
 
 require_relative "../test_helper"
 require "minitest/mock"
+require "etc"
 require "blackbuck"
 
 # A host name with several addresses is bound at each of them, on one port (as Puma binds
@@ -29,5 +30,24 @@ class ListenersTest < Minitest::Test
     assert_match(/cannot listen on app\.test:0: .*(not available|Cannot assign)/i, err.message)
   ensure
     listeners&.each(&:close)
+  end
+
+  # A server that may not give its socket to unix_socket_group (not root, not a member: chown
+  # answers EPERM) stops at boot with one line naming the setting, and leaves no socket file.
+  def test_a_group_the_server_may_not_give_is_a_boot_error_and_leaves_no_file
+    Dir.mktmpdir("bb-test") do |dir|
+      path = "#{dir}/app.sock"
+      gid = Etc.getgrnam("www-data").gid
+      err = File.stub(:lchown, ->(*) { raise Errno::EPERM, "@ apply2files - #{path}" }) do # what Ruby raises
+        assert_raises(Blackbuck::ConfigError) do
+          Blackbuck::Listeners.bind_all("unix:#{path}", backlog: 16, unix_mode: 0o660, unix_group: gid)
+        end
+      end
+      assert_equal "unix_socket_group: cannot give unix:#{path} to group www-data: Operation not permitted " \
+                   "(the server must run as root or as a member of www-data)", err.message
+      refute File.exist?(path), "the socket file bound before the chown is removed"
+    end
+  rescue ArgumentError # no www-data group here
+    skip "no www-data group"
   end
 end
