@@ -150,14 +150,13 @@ module Blackbuck
     # unix_socket_group: chown(path, -1, gid); lchown, so a path swapped for a symlink is not followed.
     def give_group(path, gid)
       File.lchown(nil, gid, path)
-    rescue Errno::EPERM => e
+    rescue Errno::EPERM
       name = begin
         Etc.getgrgid(gid).name
       rescue ArgumentError
         gid.to_s
       end
-      why = e.message.sub(/ @ .*/, "")
-      raise ConfigError, "unix_socket_group: cannot give unix:#{path} to group #{name}: #{why} " \
+      raise ConfigError, "unix_socket_group: cannot give unix:#{path} to group #{name}: #{Errno::EPERM.new.message} " \
                          "(the server must run as root or as a member of #{name})"
     end
 
