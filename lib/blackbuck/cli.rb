@@ -103,6 +103,8 @@ module Blackbuck
         o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced (default 60)",
              &set(:timeout))
         o.on("--graceful-timeout SEC", "how long TERM waits for in-flight requests (default 30)", &set(:graceful_timeout))
+        o.on("--shutdown-delay SEC", "after TERM keep serving SEC seconds while GET /ready answers 503, then stop " \
+                                     "(default 0; Kubernetes)", &set(:shutdown_delay))
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
         o.on("--[no-]oob-gc-auto", "run a minor GC between requests when GC.stat says one is near", &set(:oob_gc_auto))
         o.on("--max-memory-per-child KIB", "recycle a worker whose RSS passes KIB (0 = off)", &set(:max_memory_per_child))

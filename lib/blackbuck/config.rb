@@ -2,6 +2,7 @@
 
 require "etc"
 require_relative "errors"
+require_relative "cpu_quota"
 
 module Blackbuck
   # Every setting of the server: defaults in one hash, each directive validated by a tiny
@@ -18,7 +19,7 @@ module Blackbuck
       backlog: 1024,                  # listen(2) queue length
       unix_socket_mode: nil,          # e.g. 0o660; nil keeps the umask's
       unix_socket_group: nil,         # gid (set from a group name or number); nil keeps the process's group
-      workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count
+      workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count (or the cgroup CPU quota, if fewer)
       rackup: "config.ru",
       config_file: nil,               # the config file read (-c FILE, or config/blackbuck.rb when present); not a directive
       environment: nil,               # nil -> $RACK_ENV, else $RAILS_ENV, else "development"
@@ -29,6 +30,7 @@ module Blackbuck
       min_requests_per_child: nil,    # requests; each worker's limit is random in [min, max]
       timeout: 60,                    # seconds a request may run before the worker is replaced
       graceful_timeout: 30,           # seconds TERM waits for in-flight requests
+      shutdown_delay: 0,              # seconds TERM keeps serving (GET /ready says 503) before the graceful stop
       keepalive: true,
       keepalive_timeout: 75,          # seconds an idle keep-alive connection is kept (> common LB idle of 60 s)
       max_keepalive_requests: 1000,   # requests per connection, then "Connection: close"; 0 = no cap
@@ -64,6 +66,13 @@ module Blackbuck
     HOOKS = %i[before_fork after_fork after_worker_exit before_exec].freeze
     DEFAULT_FILE = "config/blackbuck.rb" # read when present and no -c FILE is given (like config/puma.rb)
 
+    # The default worker count: the CPUs this process may use (its affinity), or fewer when a
+    # cgroup CPU quota allows fewer (1.5 CPUs -> 2 workers).
+    def self.cpus(quota = CpuQuota.cpus)
+      n = Etc.nprocessors
+      quota ? quota.ceil.clamp(1, n) : n
+    end
+
     # Is key a setting (of the config file, -O NAME=VALUE, #set)?
     def self.setting?(key) = DEFAULTS.key?(key.to_sym) && key.to_sym != :config_file
 
@@ -96,6 +105,7 @@ module Blackbuck
       when :workers then @values[key] = int(key, value, 1, 4096)
       when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
         @values[key] = seconds(key, value)
+      when :shutdown_delay then @values[key] = seconds(key, value, zero: true)
       when :max_headers then @values[key] = int(key, value, 1, 1000)
       when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
       when :min_requests_per_child
@@ -109,7 +119,7 @@ module Blackbuck
     # Values derived once the sources are merged.
     def finalize!(env = ENV)
       @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : 9292
-      @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Etc.nprocessors
+      @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Config.cpus
       @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || "development"
       @values[:debug] ||= bool(:BLACKBUCK_DEBUG, env["BLACKBUCK_DEBUG"]) if env["BLACKBUCK_DEBUG"]
       @values[:listen] = ["#{@values[:host]}:#{@values[:port]}"] if @values[:listen].empty?
@@ -134,13 +144,13 @@ module Blackbuck
       raise ConfigError, "#{key} must be an integer #{range}, got #{value.inspect}"
     end
 
-    def seconds(key, value)
+    def seconds(key, value, zero: false)
       n = value.is_a?(Numeric) ? value : Float(value.to_s)
-      raise ArgumentError unless n.positive? && n.finite?
+      raise ArgumentError unless (n.positive? || (zero && n.zero?)) && n.finite?
 
       n == n.to_i ? n.to_i : n
     rescue ArgumentError, TypeError
-      raise ConfigError, "#{key} must be a positive number of seconds, got #{value.inspect}"
+      raise ConfigError, "#{key} must be a #{zero ? 'non-negative' : 'positive'} number of seconds, got #{value.inspect}"
     end
 
     def bool(key, value)

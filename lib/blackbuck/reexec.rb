@@ -28,6 +28,7 @@ module Blackbuck
     def available? = !command.nil?
 
     # Boots the new code without serving. nil when it booted, else the last line it printed.
+    # Yields while it waits (the master keeps its watchdog fed).
     def check
       ruby, script, *args = command
       r, w = IO.pipe
@@ -41,6 +42,7 @@ module Blackbuck
           Process.wait(pid)
           return "the new code did not boot within #{CHECK_TIMEOUT}s"
         end
+        yield if block_given?
         sleep 0.05
       end
       out = r.read
@@ -49,7 +51,8 @@ module Blackbuck
       r&.close
     end
 
-    def exec!(listeners, old_workers)
+    # env: more variables for the new image (the systemd notify socket the master took).
+    def exec!(listeners, old_workers, env: {})
       keep = {}
       listen = listeners.map do |l|
         keep[l.fd] = l.fd
@@ -59,8 +62,7 @@ module Blackbuck
         keep[control.fileno] = control.fileno
         "#{pid}:#{control.fileno}"
       end
-      env = { LISTEN_ENV => listen.join(","), WORKERS_ENV => workers.join(",") }
-      Kernel.exec(env, *command, keep)
+      Kernel.exec(env.merge(LISTEN_ENV => listen.join(","), WORKERS_ENV => workers.join(",")), *command, keep)
     end
 
     # In the new image: the listeners the previous one handed over ([] when none).

@@ -28,7 +28,7 @@ module Blackbuck
                   "#{", config #{config[:config_file]}" if config[:config_file]}")
       write_pid(config[:pid])
       supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
-                                  old_workers: Reexec.old_workers(env))
+                                  old_workers: Reexec.old_workers(env), notify: SystemdNotify.from_env(env))
       control&.attach(supervisor)
       supervisor.run
     ensure

@@ -164,6 +164,11 @@ module Blackbuck
         respond(client, 200, "application/json", "#{JSON.generate(snapshot)}\n", head: method == "HEAD")
       elsif path == "/metrics"
         respond(client, 200, "text/plain; version=0.0.4; charset=utf-8", metrics, head: method == "HEAD")
+      elsif path == "/ready" # readiness: 503 from the moment a stop (or TERM's shutdown_delay) begins
+        ready = @supervisor.ready?
+        respond(client, ready ? 200 : 503, "text/plain", ready ? "ready\n" : "stopping\n", head: method == "HEAD")
+      elsif path == "/live" # liveness: the master's loop answers this itself, so an answer means it turns
+        respond(client, 200, "text/plain", "live\n", head: method == "HEAD")
       else
         respond(client, 404, "text/plain", "not found\n", head: method == "HEAD")
       end
@@ -187,7 +192,7 @@ module Blackbuck
       buf[/\A[^\r\n]+/]
     end
 
-    REASONS = { 200 => "OK", 404 => "Not Found", 405 => "Method Not Allowed" }.freeze
+    REASONS = { 200 => "OK", 404 => "Not Found", 405 => "Method Not Allowed", 503 => "Service Unavailable" }.freeze
 
     # Writes the answer; a client that does not take it within WRITE_DEADLINE loses it.
     def respond(client, code, type, body, head:)

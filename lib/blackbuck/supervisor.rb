@@ -3,6 +3,7 @@
 require_relative "worker"
 require_relative "status"
 require_relative "request_counts"
+require_relative "systemd_notify"
 
 module Blackbuck
   # The master process: forks workers from the preloaded app, keeps their number, replaces
@@ -16,7 +17,7 @@ module Blackbuck
     RESPAWN_BACKOFF = 1     # seconds to wait before replacing a worker that died within a second
     FORCE_GRACE = 5         # seconds a forced stop (a second INT/TERM) gives a request already in the app
 
-    def initialize(config:, app:, listeners:, logger:, old_workers: [])
+    def initialize(config:, app:, listeners:, logger:, old_workers: [], notify: nil)
       @old_workers = old_workers.to_h # pid => control IO, from this master's previous image (HUP)
       @config = config
       @app = app
@@ -29,7 +30,14 @@ module Blackbuck
       @scoreboard = Native::Scoreboard.new([@wanted * 4, 64].max.clamp(1, 4096))
       @request_counts = RequestCounts.new(@scoreboard)
       @wake_r, @wake_w = IO.pipe
+      @notify = notify       # SystemdNotify under a Type=notify unit, else nil
+      @announced = false     # READY=1 said for the current set of workers
+      @drain_until = nil     # shutdown_delay: when TERM's delay is over
     end
+
+    # Serving, as GET /ready tells a load balancer or Kubernetes: not from the moment a stop
+    # (or TERM's shutdown_delay) begins.
+    def ready? = !@stopping && @drain_until.nil?
 
     # A graceful stop, as TERM: safe from a signal trap or another thread (Server::Control#stop).
     def stop = enqueue(:TERM)
@@ -50,19 +58,27 @@ module Blackbuck
           enforce_timeouts
           spawn_missing
           retire_old_workers
-          sleep_until_woken
+          announce
+          @stopping = true if @drain_until && now >= @drain_until
+          sleep_until_woken(@notify&.watchdog_interval&.clamp(0.01, 1) || 1)
         when :TERM, :INT, :QUIT
-          again = sig == :QUIT ? "QUIT again exits at once" : "#{sig} again forces the stop, a third time exits at once"
-          @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s); #{again}")
-          @stopping = true
+          if sig == :TERM && @config[:shutdown_delay].positive? && @drain_until.nil?
+            drain
+          else
+            again = sig == :QUIT ? "QUIT again exits at once" : "#{sig} again forces the stop, a third time exits at once"
+            @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s); #{again}")
+            @stopping = true
+          end
         when :HUP
           reload
         when :TTIN
           @wanted += 1 if @wanted < @scoreboard.size
           @logger.info("TTIN: workers = #{@wanted}")
+          @announced = false
         when :TTOU
           @wanted -= 1 if @wanted > 1
           @logger.info("TTOU: workers = #{@wanted}")
+          @announced = false
           @children.each_value { |c| tell_stop(c) if c.index >= @wanted }
         when :USR1
           @logger.reopen
@@ -83,6 +99,28 @@ module Blackbuck
       @wake_w.write_nonblock(".", exception: false)
     end
 
+    # shutdown_delay: the first TERM makes GET /ready answer 503 at once, so the load balancer or
+    # Kubernetes stops sending new clients, while everything keeps serving for shutdown_delay
+    # seconds; then the graceful stop begins. Another TERM, INT or QUIT begins it at once.
+    def drain
+      @drain_until = now + @config[:shutdown_delay]
+      @logger.info("TERM: not ready (GET /ready answers 503); serving #{@config[:shutdown_delay]}s more " \
+                   "(shutdown_delay), then stopping gracefully")
+      @notify&.stopping("draining for #{@config[:shutdown_delay]}s, then stopping")
+    end
+
+    # Once per set of workers (at start, after TTIN/TTOU, in a new image after HUP): systemd hears
+    # READY=1 when every wanted worker runs, and the watchdog hears the loop turn.
+    def announce
+      return unless @notify
+
+      announce_watchdog
+      return if @announced || @children.size < @wanted
+      return unless @children.all? { |pid, c| @scoreboard.read(c.index)[0] == pid }
+
+      @announced = true
+      @notify.ready("#{@children.size} workers, pid #{Process.pid}")
+    end
     def sleep_until_woken(seconds = 1, status: @status)
       ready, = IO.select([@wake_r, status&.io].compact, nil, nil, seconds)
       @wake_r.read_nonblock(1024, exception: false)
@@ -201,16 +239,27 @@ module Blackbuck
         return
       end
       @logger.info("HUP: checking that the new code boots")
-      if (error = Reexec.check)
+      @notify&.reloading
+      if (error = Reexec.check { announce_watchdog })
         @logger.error("HUP: the new code does not boot; the running workers keep serving: #{error}")
+        @notify&.ready("reload failed, #{@children.size} workers still serving the old code")
         return
       end
       @logger.info("HUP: re-executing the master (pid #{Process.pid}) with the new code")
       @config[:before_exec]&.call(self)
       old = @children.map { |pid, c| [pid, c.control] } + @old_workers.to_a
-      Reexec.exec!(@listeners, old)
+      Reexec.exec!(@listeners, old, env: @notify ? @notify.env_for_exec : {})
     rescue SystemCallError => e
       @logger.error("HUP: re-exec failed (#{e.message}); the running workers keep serving")
+      @notify&.ready("reload failed, #{@children.size} workers still serving the old code")
+    end
+
+    # The watchdog keeps hearing from the loop while a HUP's boot check blocks it.
+    def announce_watchdog
+      return unless @notify&.watchdog_interval && now >= (@watchdog_at ||= 0)
+
+      @watchdog_at = now + @notify.watchdog_interval
+      @notify.watchdog
     end
 
     # After a re-exec: once every new worker is up, the previous image's workers finish what
@@ -248,7 +297,7 @@ module Blackbuck
     # third one, or a QUIT, kills the workers and exits at once.
     def shutdown
       @listeners.each(&:close)
-      @status&.close
+      @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
       @children.each_value { |c| tell_stop(c) }
       @old_workers.each_value do |io| # after a HUP not yet complete: they stop too
         io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
@@ -264,7 +313,8 @@ module Blackbuck
           reap
           break if now > deadline
 
-          sleep_until_woken(0.05, status: nil)
+          announce_watchdog
+          sleep_until_woken(0.05) # GET /ready keeps answering 503 meanwhile
         when :TERM, :INT, :QUIT
           stops += 1
           return exit_at_once(sig) if sig == :QUIT || stops > 2
@@ -281,6 +331,8 @@ module Blackbuck
       kill_workers(stops > 1 ? "still running after the forced stop" : "still running after graceful_timeout")
       @logger.info("master (pid #{Process.pid}) exiting")
       0
+    ensure
+      @status&.close
     end
 
     def exit_at_once(sig)
