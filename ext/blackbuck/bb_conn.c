@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <time.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -107,6 +108,8 @@ struct conn {
     int state;
     double deadline;
     double body_started; /* monotonic seconds when the request body began (min_body_rate) */
+    double woke_at;      /* monotonic seconds: the worker's wake-up whose read last brought bytes (queue time) */
+    double request_start; /* wall-clock seconds of the request's X-Request-Start; 0 = none or implausible */
     VALUE remote_addr, template, env, sink;
 };
 
@@ -253,8 +256,9 @@ static size_t buf_limit(void)
     return bb_settings.limits.max_header_bytes + BB_READ_CHUNK;
 }
 
-/* fill -> Integer bytes read (> 0), 0 on EOF or a connection error, nil when it would block. */
-static VALUE conn_fill(VALUE self)
+/* fill(woke_at) -> Integer bytes read (> 0), 0 on EOF or a connection error, nil when it would block.
+ * woke_at: the monotonic time the worker's event loop woke up to this read; the bytes were there by then. */
+static VALUE conn_fill(VALUE self, VALUE woke_at)
 {
     struct conn *c = get_conn(self);
     ssize_t n;
@@ -287,6 +291,7 @@ static VALUE conn_fill(VALUE self)
     }
     c->len += (size_t)n;
     c->drained = (size_t)n < room;
+    c->woke_at = NUM2DBL(woke_at);
     return LONG2FIX((long)n);
 }
 
@@ -319,6 +324,53 @@ static void set_host(VALUE env, const char *v, size_t n, size_t host_len, VALUE 
     } else {
         rb_hash_aset(env, k_server_port, default_port);
     }
+}
+
+/* Bounds of a plausible X-Request-Start, in seconds before now (a clock a little ahead of ours is 0). */
+#define BB_REQUEST_START_MAX_AGE 3600.0
+#define BB_REQUEST_START_MAX_AHEAD 5.0
+
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* X-Request-Start, as a proxy in front stamps it: "t=1700000000.123" (nginx ${msec}: seconds),
+ * "t=1700000000123" (milliseconds, Heroku), "t=1700000000123456" (microseconds, Apache %t), the "t="
+ * optional. The unit is told by the size of the number. -> wall-clock seconds, or 0 when the value
+ * is malformed or implausible (more than an hour old, or from the future). */
+static double parse_request_start(const char *v, size_t n, double now)
+{
+    double x = 0, frac = 0, scale = 1;
+    size_t i = 0;
+    int digits = 0, dot = 0;
+    if (n >= 2 && v[0] == 't' && v[1] == '=') i = 2;
+    for (; i < n; i++) {
+        char ch = v[i];
+        if (ch >= '0' && ch <= '9') {
+            if (dot) frac += (ch - '0') * (scale /= 10);
+            else if (++digits > 19) return 0;
+            else x = x * 10 + (ch - '0');
+        } else if (ch == '.' && !dot) {
+            dot = 1;
+        } else {
+            return 0;
+        }
+    }
+    if (!digits) return 0;
+    x += frac;
+    while (x > now * 100) x /= 1000; /* ns -> us -> ms -> s: each step is three orders */
+    if (x > now + BB_REQUEST_START_MAX_AHEAD || x < now - BB_REQUEST_START_MAX_AGE) return 0;
+    return x;
 }
 
 /* X-Forwarded-Proto: https (its first value), X-Forwarded-Scheme: https or X-Forwarded-Ssl: on, as
@@ -423,6 +475,7 @@ static VALUE conn_parse(VALUE self)
     VALUE env;
     size_t i;
     int r, https = 0;
+    double now = 0;
 
     if (c->off == c->len) return Qnil;
     memset(&req, 0, sizeof(req));
@@ -448,9 +501,15 @@ static VALUE conn_parse(VALUE self)
     rb_hash_aset(env, k_http_version, req.minor_version ? v_http11 : v_http10);
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
     rb_hash_aset(env, k_connection, self);
+    c->request_start = 0;
     for (i = 0; i < req.num_headers; i++) {
-        add_header(env, &headers[i]);
-        if (bb_settings.trust_forwarded_proto && !https) https = forwarded_https(&headers[i]);
+        const struct bb_header *h = &headers[i];
+        add_header(env, h);
+        if (bb_settings.trust_forwarded_proto && !https) https = forwarded_https(h);
+        if (h->name_len == 15 && ieq(h->name, 15, "x-request-start")) {
+            if (now == 0) now = wall_now();
+            c->request_start = parse_request_start(h->value, h->value_len, now);
+        }
     }
     if (https) rb_hash_aset(env, k_url_scheme, v_https);
     if (req.authority) set_host(env, req.authority, req.authority_len, req.host_len, https ? v_port443 : v_port80);
@@ -481,6 +540,20 @@ static VALUE conn_parse(VALUE self)
     c->off += (size_t)r;
     if (c->off == c->len) c->off = c->len = 0;
     return env;
+}
+
+/* queue_time -> Float seconds the request has waited for the app: since the worker woke up to the read
+ * that completed it (its bytes were there then), or since the proxy's X-Request-Start when that is
+ * earlier (it also counts what waited in front of the worker: the listen queue, unread socket bytes). */
+static VALUE conn_queue_time(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    double q = c->woke_at > 0 ? mono_now() - c->woke_at : 0;
+    if (c->request_start > 0) {
+        double proxy = wall_now() - c->request_start;
+        if (proxy > q) q = proxy;
+    }
+    return DBL2NUM(q < 0 ? 0 : q);
 }
 
 /* body_take -> String with the body bytes buffered now (possibly empty) | Integer status */
@@ -1397,7 +1470,8 @@ void bb_init_conn(void)
     rb_define_alloc_func(cConn, conn_alloc);
     rb_define_singleton_method(cConn, "accept", conn_s_accept, 3);
     rb_define_singleton_method(cConn, "spill_probe", conn_s_spill_probe, 0);
-    rb_define_method(cConn, "fill", conn_fill, 0);
+    rb_define_method(cConn, "fill", conn_fill, 1);
+    rb_define_method(cConn, "queue_time", conn_queue_time, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);
     rb_define_method(cConn, "write_response", conn_write_response, 4);

@@ -6,7 +6,9 @@
  * exception: it feeds a counter that must never go backwards (RequestCounts adds a reaped
  * worker's final count; /metrics), so it is stored and loaded whole (atomically, also where a
  * 64-bit access takes two instructions). The slot outlives its worker: the master reads the
- * final count after reaping it, before the next worker's reset.
+ * final count after reaping it, before the next worker's reset. The queue-time and duration
+ * histograms follow the same rules (each bucket only grows, stored whole): they are Prometheus
+ * histograms that the master sums over workers, live and exited.
  */
 #include "bb_ext.h"
 
@@ -16,6 +18,17 @@
 
 #define SB_METHOD_MAX 16
 #define SB_PATH_MAX 240
+/* Histogram buckets: upper bounds in microseconds (Prometheus' le="0.001" ... le="10", then +Inf). */
+static const int64_t sb_bounds_us[] = {1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000,
+                                       500000, 1000000, 2500000, 5000000, 10000000};
+#define SB_BOUNDS ((int)(sizeof(sb_bounds_us) / sizeof(sb_bounds_us[0])))
+#define SB_BUCKETS (SB_BOUNDS + 1) /* the last one is +Inf */
+
+/* One histogram: counts per bucket (not cumulative) and the sum of the samples. */
+struct sb_hist {
+    uint64_t buckets[SB_BUCKETS];
+    uint64_t sum_us;
+};
 
 struct sb_slot {
     int32_t pid;
@@ -25,6 +38,10 @@ struct sb_slot {
     int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
     int32_t connections;  /* open client connections */
     int64_t spill_bytes;  /* bytes in the worker's response spill files (max_worker_spill) */
+    int64_t started_us;   /* CLOCK_MONOTONIC us when the current request started (its duration) */
+    uint64_t shed;        /* requests answered 503 by max_queue_time instead of the app */
+    struct sb_hist queue;    /* seconds from ready to the app's start (Conn#queue_time) */
+    struct sb_hist duration; /* seconds in the app and writing its answer */
     char method[SB_METHOD_MAX];
     char path[SB_PATH_MAX];
 };
@@ -58,6 +75,36 @@ static int64_t now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Only the slot's worker writes: load + store is an increment no reader sees torn. */
+static void bump(uint64_t *p, uint64_t by)
+{
+    __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + by, __ATOMIC_RELAXED);
+}
+
+static void observe(struct sb_hist *h, int64_t us)
+{
+    int i = 0;
+    if (us < 0) us = 0;
+    while (i < SB_BOUNDS && us > sb_bounds_us[i]) i++;
+    bump(&h->buckets[i], 1);
+    bump(&h->sum_us, (uint64_t)us);
+}
+
+static VALUE hist_value(const struct sb_hist *h)
+{
+    VALUE counts = rb_ary_new_capa(SB_BUCKETS);
+    int i;
+    for (i = 0; i < SB_BUCKETS; i++) rb_ary_push(counts, ULL2NUM(__atomic_load_n(&h->buckets[i], __ATOMIC_RELAXED)));
+    return rb_ary_new_from_args(2, counts, ULL2NUM(__atomic_load_n(&h->sum_us, __ATOMIC_RELAXED)));
 }
 
 static struct sb_slot *slot(VALUE self, VALUE idx)
@@ -101,8 +148,9 @@ static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
     return Qnil;
 }
 
-/* request_start(i, method, path): state := BUSY (2), start clock, remember what runs. */
-static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path)
+/* request_start(i, method, path, queue_seconds): state := BUSY (2), start clock, remember what runs,
+ * count how long the request waited (the queue histogram). */
+static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
 {
     struct sb_slot *s = slot(self, idx);
     size_t ml, pl;
@@ -116,8 +164,10 @@ static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path)
     s->method[ml] = 0;
     memcpy(s->path, RSTRING_PTR(path), pl);
     s->path[pl] = 0;
-    s->started_ms = now_ms();
+    s->started_us = now_us();
+    s->started_ms = s->started_us / 1000;
     s->state = 2;
+    observe(&s->queue, (int64_t)(NUM2DBL(queue) * 1e6));
     return Qnil;
 }
 
@@ -125,11 +175,28 @@ static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path)
 static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
 {
     struct sb_slot *s = slot(self, idx);
-    /* only this worker writes it: load + store is an increment no reader sees torn */
-    __atomic_store_n(&s->requests, __atomic_load_n(&s->requests, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    bump(&s->requests, 1);
+    if (s->started_us) observe(&s->duration, now_us() - s->started_us);
     s->started_ms = 0;
+    s->started_us = 0;
     s->state = NUM2INT(state);
     return Qnil;
+}
+
+/* request_shed(i): one request answered 503 by max_queue_time (it waited longer) instead of the app. */
+static VALUE sb_request_shed(VALUE self, VALUE idx)
+{
+    bump(&slot(self, idx)->shed, 1);
+    return Qnil;
+}
+
+/* histograms(i) -> [[queue bucket counts, queue sum us], [duration counts, duration sum us], shed]
+ * (counts per bucket, not cumulative; bounds: BUCKET_BOUNDS_US then +Inf). */
+static VALUE sb_histograms(VALUE self, VALUE idx)
+{
+    struct sb_slot *s = slot(self, idx);
+    return rb_ary_new_from_args(3, hist_value(&s->queue), hist_value(&s->duration),
+                                ULL2NUM(__atomic_load_n(&s->shed, __ATOMIC_RELAXED)));
 }
 
 /* tick(i, state, connections): the worker's loop is alive; also publishes its spill bytes. */
@@ -177,8 +244,16 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "initialize", sb_init, 1);
     rb_define_method(c, "size", sb_size, 0);
     rb_define_method(c, "reset", sb_reset, 2);
-    rb_define_method(c, "request_start", sb_request_start, 3);
+    rb_define_method(c, "request_start", sb_request_start, 4);
+    rb_define_method(c, "request_shed", sb_request_shed, 1);
+    rb_define_method(c, "histograms", sb_histograms, 1);
     rb_define_method(c, "request_done", sb_request_done, 2);
     rb_define_method(c, "tick", sb_tick, 3);
     rb_define_method(c, "read", sb_read, 1);
+    {
+        VALUE bounds = rb_ary_new_capa(SB_BOUNDS);
+        int i;
+        for (i = 0; i < SB_BOUNDS; i++) rb_ary_push(bounds, LL2NUM(sb_bounds_us[i]));
+        rb_define_const(c, "BUCKET_BOUNDS_US", rb_ary_freeze(bounds));
+    }
 }

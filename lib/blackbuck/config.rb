@@ -31,6 +31,7 @@ module Blackbuck
       timeout: 60,                    # seconds a request may run before the worker is replaced
       graceful_timeout: 30,           # seconds TERM waits for in-flight requests
       shutdown_delay: 0,              # seconds TERM keeps serving (GET /ready says 503) before the graceful stop
+      max_queue_time: 0,              # seconds a request may have waited for the app, else 503 + Retry-After; 0 = off
       keepalive: true,
       keepalive_timeout: 75,          # seconds an idle keep-alive connection is kept (> common LB idle of 60 s)
       max_keepalive_requests: 1000,   # requests per connection, then "Connection: close"; 0 = no cap
@@ -105,7 +106,7 @@ module Blackbuck
       when :workers then @values[key] = int(key, value, 1, 4096)
       when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
         @values[key] = seconds(key, value)
-      when :shutdown_delay then @values[key] = seconds(key, value, zero: true)
+      when :shutdown_delay, :max_queue_time then @values[key] = seconds(key, value, zero: true)
       when :max_headers then @values[key] = int(key, value, 1, 1000)
       when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
       when :min_requests_per_child

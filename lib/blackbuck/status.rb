@@ -71,7 +71,10 @@ module Blackbuck
     # master's workers served, those that have exited included (RequestCounts).
     def snapshot
       workers = @supervisor.children.values.sort_by(&:index).map { |c| worker_entry(c) }
-      slots = @supervisor.request_counts.per_slot(workers.to_h { |w| [w["index"], w["requests"]] })
+      counts = @supervisor.request_counts
+      slots = counts.per_slot(workers.to_h { |w| [w["index"], w["requests"]] })
+      live = workers.reject { |w| w["state"] == "starting" }.map { |w| w["index"] }
+      recent, seconds = counts.recent(live)
       listeners = @listeners.map do |l|
         queued, backlog = (l.io.closed? ? nil : Native.listen_queue(l.fd))
         { "name" => l.name, "queued" => queued, "backlog" => backlog }
@@ -89,9 +92,25 @@ module Blackbuck
           "requests" => slots.values.sum,
           "connections" => workers.sum { |w| w["connections"] },
           "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
-          "queued" => listeners.sum { |l| l["queued"] || 0 }
+          "queued" => listeners.sum { |l| l["queued"] || 0 },
+          "shed" => counts.totals(live).shed
+        },
+        # The last RequestCounts::WINDOW seconds (less while the master is younger): seconds from a
+        # request's arrival (or its X-Request-Start) to the app's start, and seconds in the app.
+        "recent" => {
+          "seconds" => seconds&.round(1),
+          "requests" => recent.duration.count,
+          "queue_time" => percentiles(recent.queue),
+          "duration" => percentiles(recent.duration),
+          "shed" => recent.shed
         }
       }
+    end
+
+    # The whole-run histograms (every worker this master ran), for /metrics.
+    def histograms(snap)
+      live = snap["workers"].reject { |w| w["state"] == "starting" }.map { |w| w["index"] }
+      @supervisor.request_counts.totals(live)
     end
 
     # Prometheus text exposition format (version 0.0.4).
@@ -116,10 +135,33 @@ module Blackbuck
                   known.map { |l| [{ "listener" => l["name"] }, l["queued"]] })
       family.call("blackbuck_listen_backlog", "gauge", "Accept-queue limit of a listener.",
                   known.map { |l| [{ "listener" => l["name"] }, l["backlog"]] })
+      totals = histograms(snap)
+      histogram(out, "blackbuck_request_queue_seconds",
+                "Seconds from a request's arrival (or its X-Request-Start) to the app's start.", totals.queue)
+      histogram(out, "blackbuck_request_duration_seconds", "Seconds a request spent in the app and writing its answer.",
+                totals.duration)
+      family.call("blackbuck_requests_shed_total", "counter",
+                  "Requests answered 503 because they had waited longer than max_queue_time.", [[{}, totals.shed]])
       out
     end
 
     private
+
+    def percentiles(hist)
+      { "p50" => hist.quantile(0.5)&.round(6), "p99" => hist.quantile(0.99)&.round(6) }
+    end
+
+    # A Prometheus histogram: cumulative buckets, +Inf, sum and count.
+    def histogram(out, name, help, hist)
+      out << "# HELP #{name} #{help}\n# TYPE #{name} histogram\n"
+      cumulative = 0
+      hist.counts.each_with_index do |n, i|
+        cumulative += n
+        le = i < RequestCounts::BOUNDS.size ? RequestCounts::BOUNDS[i].to_s : "+Inf"
+        out << %(#{name}_bucket{le="#{le}"} #{cumulative}\n)
+      end
+      out << "#{name}_sum #{hist.sum.round(6)}\n#{name}_count #{cumulative}\n"
+    end
 
     def worker_entry(child)
       pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path, spill = @scoreboard.read(child.index)

@@ -152,12 +152,23 @@ module Blackbuck
       body.byteslice(0, length)
     end
 
+    # "last 60s: 1234 requests  queue p50 0.2ms p99 3.1ms  app p50 1.0ms p99 12.0ms  shed 0"
+    def recent_line(r)
+      return "recent: -" unless r
+
+      ms = ->(v) { v ? format("%.1fms", v * 1000) : "-" }
+      span = r["seconds"] ? "last #{r['seconds'].round}s" : "since start"
+      "#{span}: #{r['requests']} requests  queue p50 #{ms[r.dig('queue_time', 'p50')]} p99 #{ms[r.dig('queue_time', 'p99')]}" \
+        "  app p50 #{ms[r.dig('duration', 'p50')]} p99 #{ms[r.dig('duration', 'p99')]}  shed #{r['shed']}"
+    end
+
     def table(s)
       t = s["totals"]
       out = +"Blackbuck #{s['version']}  master pid #{s['pid']}  " \
               "workers #{t['workers']} (busy #{t['busy']}, idle #{t['idle']})  " \
               "requests #{t['requests']}  connections #{t['connections']}  queued #{t['queued']}  " \
-              "spilled #{t['spill_bytes'].to_i} bytes\n\n"
+              "spilled #{t['spill_bytes'].to_i} bytes\n"
+      out << "#{recent_line(s['recent'])}\n\n"
       rows = s["workers"].map do |w|
         current = w["path"] ? "#{w['method']} #{w['path']}" : "-"
         running = w["running_ms"].to_i.positive? ? format("%.3fs", w["running_ms"] / 1000.0) : "-"

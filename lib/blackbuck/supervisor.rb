@@ -58,6 +58,7 @@ module Blackbuck
           enforce_timeouts
           spawn_missing
           retire_old_workers
+          @request_counts.sample(live_slots)
           announce
           @stopping = true if @drain_until && now >= @drain_until
           sleep_until_woken(@notify&.watchdog_interval&.clamp(0.01, 1) || 1)
@@ -98,6 +99,9 @@ module Blackbuck
       @queue << sig
       @wake_w.write_nonblock(".", exception: false)
     end
+
+    # The slots of workers that have started (taken their slot): the ones whose numbers are live.
+    def live_slots = @children.values.select { |c| @scoreboard.read(c.index)[0] == c.pid }.map(&:index)
 
     # shutdown_delay: the first TERM makes GET /ready answer 503 at once, so the load balancer or
     # Kubernetes stops sending new clients, while everything keeps serving for shutdown_delay

@@ -31,6 +31,10 @@ module Blackbuck
     STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
 
+    QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
+    SHED_HEADERS = { "content-type" => "text/plain", "retry-after" => "1" }.freeze
+    SHED_BODY = ["Service Unavailable: the server is overloaded, retry shortly\n"].freeze
+
     IN = Native::Poller::IN
     OUT = Native::Poller::OUT
     ERR = Native::Poller::ERR
@@ -66,6 +70,8 @@ module Blackbuck
       @oob_gc = config[:oob_gc]
       @oob_gc_auto = config[:oob_gc_auto]
       @max_rss_kib = config[:max_memory_per_child]
+      @max_queue_time = config[:max_queue_time]
+      @woke_at = now
       @request = Request.new(self, config)
       @response = Response.new(self, config, app)
     end
@@ -96,8 +102,11 @@ module Blackbuck
       # The last response on a connection says so ("Connection: close").
       cap = @max_keepalive_requests
       conn.no_keepalive! if @stopping || !@keepalive || (cap.positive? && conn.requests + 1 >= cap)
+      queued = env[QUEUE_TIME] = conn.queue_time
+      return shed(conn) if @max_queue_time.positive? && queued > @max_queue_time
+
       conn.state = BUSY
-      @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"])
+      @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"], queued)
       @in_app = true
       begin
         mode = @response.handle(conn, env)
@@ -110,6 +119,21 @@ module Blackbuck
       begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
       return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
+      answered(conn)
+    end
+
+    # max_queue_time: a request that has already waited longer is answered 503 with Retry-After
+    # instead of running, so an overloaded server sheds what its clients (or the balancer) will
+    # retry, rather than serving answers nobody waits for any more.
+    def shed(conn)
+      @scoreboard.request_shed(@index)
+      return drop(conn) if conn.write_response(503, SHED_HEADERS, SHED_BODY, false) == Native::Conn::WRITE_FAILED
+
+      answered(conn)
+    end
+
+    # The response is written (or queued): wait for the client to take it, or go on.
+    def answered(conn)
       if conn.pending_output?
         conn.state = WRITE
         conn.deadline = now + @write_timeout
@@ -173,6 +197,7 @@ module Blackbuck
       until @exit
         timeout = @ready.empty? && !@gc_pending ? wait_ms : 0
         n = @poller.wait(timeout, events)
+        @woke_at = now # what is readable now arrived by then: the start of its queue time
         run_oob_gc if n.zero? && @gc_pending
         i = 0
         while i < events.size
@@ -245,7 +270,7 @@ module Blackbuck
     end
 
     def on_readable(conn)
-      r = conn.fill
+      r = conn.fill(@woke_at)
       return if r.nil?
       return drop(conn) if r.zero?
 

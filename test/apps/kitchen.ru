@@ -81,6 +81,7 @@ run lambda { |env|
     n = Integer(env["QUERY_STRING"][/n=(\d+)/, 1])
     [200, {}, Enumerator.new { |y| (n / 65_536).times { y << ("s" * 65_536) } }]
   when "/gc-count" then [200, {}, [GC.count.to_s]]
+  when "/queue-time" then [200, {}, [env["blackbuck.queue_time"].inspect]]
   when "/uptime" then [200, {}, [(Process.clock_gettime(Process::CLOCK_MONOTONIC) - STARTED).to_s]]
   else [404, {}, ["not found\n"]]
   end

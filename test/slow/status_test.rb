@@ -35,11 +35,13 @@ class StatusTest < ServerTest
     text.each_line(chomp: true) do |line|
       case line
       when /\A# HELP (\w+) \S/ then helped[Regexp.last_match(1)] = true
-      when /\A# TYPE (\w+) (counter|gauge|histogram|summary|untyped)\z/ then typed[Regexp.last_match(1)] = true
+      when /\A# TYPE (\w+) (counter|gauge|histogram|summary|untyped)\z/ then typed[Regexp.last_match(1)] = Regexp.last_match(2)
       when /\A(\w+)(\{[^}]*\})? (-?[\d.]+(?:e[+-]?\d+)?)\z/
         name, labels, value = Regexp.last_match.captures
-        assert helped[name], "#{name}: sample before its # HELP line"
-        assert typed[name], "#{name}: sample before its # TYPE line"
+        family = name.sub(/_(bucket|sum|count)\z/, "")
+        family = name unless typed[family] == "histogram" # a histogram's samples carry these suffixes
+        assert helped[family], "#{name}: sample before its # HELP line"
+        assert typed[family], "#{name}: sample before its # TYPE line"
         samples[name][labels.to_s] = Float(value)
       else
         flunk "not Prometheus text: #{line.inspect}"
