@@ -62,13 +62,15 @@ static void usage(void)
            "    -R, --rate        <N>  Requests/s over all threads (open model)\n"
            "        --pipeline    <N>  Requests in flight per connection\n"
            "\n"
-           "        --target  <'M P'> <W>  Request method M, path P with weight W (repeatable)\n"
-           "        --targets     <F>  Targets from F: lines of METHOD PATH WEIGHT\n"
-           "        --target-per-connection  Each connection keeps one target (split by weight)\n"
-           "        --seed        <N>  Seed of the per-request target choice (default 1)\n"
+           "        --target  <R> <W>  Request R ('METHOD /path') with weight W (repeatable)\n"
+           "        --targets     <F>  Targets from F, lines of METHOD /path WEIGHT\n"
+           "        --target-per-connection\n"
+           "                           Each connection keeps one target, split by weight\n"
+           "        --seed        <N>  Seed for picking targets (default %d)\n"
            "\n"
            "  Numeric arguments may include a SI unit (1k, 1M, 1G)\n"
-           "  Time arguments may include a time unit (500ms, 2s, 2m, 2h)\n");
+           "  Time arguments may include a time unit (500ms, 2s, 2m, 2h)\n",
+           DEFAULT_SEED);
 }
 
 enum {
