@@ -220,6 +220,21 @@ class TargetsTest < Minitest::Test
     end
   end
 
+  def test_timeouts_counted_against_the_target_that_timed_out
+    with_routes do |fx|
+      r, j = run_json("-t", "1", "-c", "4", "-d", "1s", "--timeout", "25ms", "-P", fx.addr,
+                      "--target", "GET /fast", "1", "--target", "GET /slow", "1", fx.url)
+      rows = assert_consistent(r, j)
+      fast, slow = j["targets"]
+      # every /slow request outlives a 25 ms timeout; /fast ones only if the machine stalls
+      assert_operator slow["errors"]["timeout"], :>=, 10, r.out
+      assert_operator fast["errors"]["timeout"], :<, slow["errors"]["timeout"] / 4, r.out
+      assert_operator fast["requests"], :>, 10, r.out
+      assert_equal j["errors"]["timeout"], socket_errors_of(r.out)[3]
+      assert_equal slow["errors"]["timeout"], rows["GET /slow"][:errors]
+    end
+  end
+
   def test_targets_file_with_comments_and_options_after_it
     Dir.mktmpdir("bl-targets") do |dir|
       file = File.join(dir, "mix.txt")
