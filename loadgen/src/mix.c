@@ -36,12 +36,13 @@ static size_t tokens(const char *s, int comments, const char **tok, size_t *len,
 static int parse_weight(const char *s, size_t len, uint64_t *out)
 {
     uint64_t v = 0;
-    if (len == 0 || len > 7) return -1; /* MAX_TARGET_WEIGHT has 7 digits */
+    if (len == 0) return -1;
     for (size_t i = 0; i < len; i++) {
         if (s[i] < '0' || s[i] > '9') return -1;
         v = v * 10 + (uint64_t)(s[i] - '0');
+        if (v > MAX_TARGET_WEIGHT) return -1; /* also keeps v * 10 from overflowing */
     }
-    if (v < 1 || v > MAX_TARGET_WEIGHT) return -1;
+    if (v < 1) return -1;
     *out = v;
     return 0;
 }

@@ -34,6 +34,9 @@
 #define WRITE_IOV_MAX 16      /* _XOPEN_IOV_MAX, the least POSIX allows */
 #endif
 
+/* conn->classes holds target indexes in bytes */
+typedef char target_index_fits_a_byte[MAX_TARGETS <= 256 ? 1 : -1];
+
 #ifndef MSG_NOSIGNAL
 #define MSG_NOSIGNAL 0 /* SIGPIPE is ignored process-wide as well */
 #endif
