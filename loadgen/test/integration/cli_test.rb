@@ -31,6 +31,40 @@ class CliTest < Minitest::Test
   def test_missing_body_file = assert_usage_error("--body-file", "/nonexistent/x", "http://127.0.0.1:1/", match: /body file/)
   def test_lua_script_is_refused = assert_usage_error("-s", "x.lua", "http://127.0.0.1:1/", match: /Lua scripts/)
 
+  URL = "http://127.0.0.1:1/"
+
+  def test_target_without_weight = assert_usage_error("--target", "GET /a", match: /--target needs two values: 'METHOD PATH' and a weight/)
+  def test_target_weight_zero = assert_usage_error("--target", "GET /a", "0", URL, match: /invalid weight '0' for target 'GET \/a' \(expected an integer from 1 to 1000000\)/)
+  def test_target_weight_too_big = assert_usage_error("--target", "GET /a", "1000001", URL, match: /invalid weight '1000001'/)
+  def test_target_weight_forgotten = assert_usage_error("--target", "GET /a", URL, match: %r{invalid weight 'http://127.0.0.1:1/' for target 'GET /a'})
+  def test_target_without_path = assert_usage_error("--target", "GET", "1", URL, match: /invalid target 'GET' \(expected 'METHOD PATH'/)
+  def test_target_bad_path = assert_usage_error("--target", "GET a", "1", URL, match: /invalid path 'a' in target 'GET a'/)
+  def test_target_bad_method = assert_usage_error("--target", "G(T /a", "1", URL, match: /invalid method 'G\(T'/)
+  def test_target_twice = assert_usage_error("--target", "GET /a", "1", "--target", "GET /a", "2", URL, match: /target 'GET \/a' is given twice/)
+  def test_targets_file_missing = assert_usage_error("--targets", "/nonexistent/mix.txt", URL, match: %r{cannot read targets file /nonexistent/mix.txt: No such file})
+  def test_per_connection_without_targets = assert_usage_error("--target-per-connection", URL, match: /--target-per-connection needs --target or --targets/)
+  def test_method_with_targets = assert_usage_error("-m", "POST", "--target", "GET /a", "1", URL, match: /-m\/--method cannot be combined with --target/)
+  def test_bad_seed = assert_usage_error("--seed", "x1", URL, match: /invalid seed: 'x1'/)
+
+  def test_per_connection_target_left_without_a_connection
+    assert_usage_error("-t", "1", "-c", "4", "--target-per-connection", "--target", "GET /fast", "16", "--target", "GET /slow", "2", URL,
+                       match: %r{target 'GET /slow' \(weight 2 of 18\) gets 0 of 4 connections})
+  end
+
+  def test_targets_file_errors_name_file_and_line
+    Dir.mktmpdir("bl-targets") do |dir|
+      file = File.join(dir, "mix.txt")
+      File.write(file, "# mix\nGET /a 1\nGET /b\n")
+      assert_usage_error("--targets", file, URL, match: /\A[^\n]*#{Regexp.escape(file)}:3: expected METHOD PATH WEIGHT, got 'GET \/b'$/)
+      File.write(file, "GET /a 1\nGET /b x\n")
+      assert_usage_error("--targets", file, URL, match: /#{Regexp.escape(file)}:2: invalid weight 'x' for target 'GET \/b'/)
+      File.write(file, "# only comments\n\n")
+      assert_usage_error("--targets", file, URL, match: /#{Regexp.escape(file)}: no targets/)
+      File.write(file, (0..64).map { |i| "GET /#{i} 1\n" }.join)
+      assert_usage_error("--targets", file, URL, match: /#{Regexp.escape(file)}:65: too many targets: 'GET \/64' would be number 65 \(at most 64\)/)
+    end
+  end
+
   def test_socket_path_does_not_exist
     assert_usage_error("-P", "/nonexistent/dir/app.sock", "http://localhost/", match: %r{/nonexistent/dir/app.sock: No such file})
   end

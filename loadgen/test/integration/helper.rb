@@ -11,6 +11,7 @@ require "tmpdir"
 require "timeout"
 require "fileutils"
 require "open3"
+require "zlib"
 
 module LoadgenHelper
   ROOT = File.expand_path("../..", __dir__)
@@ -119,13 +120,23 @@ module LoadgenHelper
   #   :delay      answers after `delay` seconds, keep-alive
   #   :idle_close answers `every` responses per connection, then closes without notice
   #   :status500  500 responses, keep-alive
+  #   :routes     by path, keep-alive: /slow... answers after `delay` seconds,
+  #               /missing... is a 404, anything else 200 at once; HEAD gets no body
+  # Every mode counts requests by request line ("GET /fast") in `by_target`,
+  # the request lines each connection carried (`connections_by_target`), and
+  # request bodies by CRC-32 (`bodies`).
   class Fixture
     BODY = "hello world\n"
-    attr_reader :requests, :connections, :bytes_sent, :last_request, :addr
+    SEQUENCE_KEPT = 200 # request lines kept in arrival order, for `sequence`
+    attr_reader :requests, :connections, :bytes_sent, :last_request, :addr, :by_target, :sequence, :bodies
 
     def initialize(mode, unix: nil, host: "127.0.0.1", delay: 0.02, every: 3)
       @mode, @delay, @every = mode, delay, every
       @requests = @connections = @bytes_sent = 0
+      @by_target = Hash.new(0)
+      @bodies = Hash.new(0)
+      @sequence = []
+      @per_connection = []
       @lock = Mutex.new
       @server = unix ? UNIXServer.new(unix) : TCPServer.new(host, 0)
       authority = host.include?(":") ? "[#{host}]:#{@server.addr[1]}" : "#{host}:#{@server.addr[1]}"
@@ -153,6 +164,25 @@ module LoadgenHelper
       end
     end
 
+    # :routes: the response to one request line.
+    def route(line)
+      method, path = line.split(" ", 3)
+      sleep @delay if path.start_with?("/slow")
+      status = path.start_with?("/missing") ? "404 Not Found" : "200 OK"
+      "HTTP/1.1 #{status}\r\nContent-Length: #{BODY.bytesize}\r\n\r\n#{method == 'HEAD' ? '' : BODY}"
+    end
+
+    # {"GET /fast" => number of connections that carried only GET /fast, ...};
+    # connections that carried no request (the TCP start-up probe) or several
+    # different ones are counted under nil.
+    def connections_by_target
+      @lock.synchronize do
+        @per_connection.each_with_object(Hash.new(0)) do |lines, h|
+          h[lines.size == 1 ? lines.keys.first : nil] += 1
+        end
+      end
+    end
+
     private
 
     def accept_loop
@@ -171,15 +201,23 @@ module LoadgenHelper
     def serve(client)
       buf = +""
       served = 0
+      lines = {}
+      @lock.synchronize { @per_connection << lines }
       loop do
         while (req = take_request(buf))
+          line = req[/\A[^\r\n]*/].delete_suffix(" HTTP/1.1")
           @lock.synchronize do
             @requests += 1
             @last_request = req
+            @by_target[line] += 1
+            body_at = req.index("\r\n\r\n") + 4
+            @bodies[Zlib.crc32(req.byteslice(body_at..))] += 1 if req.bytesize > body_at
+            @sequence << line if @sequence.size < SEQUENCE_KEPT
+            lines[line] = true
           end
           next if @mode == :silent
           sleep @delay if @mode == :delay
-          data = response
+          data = @mode == :routes ? route(line) : response
           client.write(data)
           @lock.synchronize { @bytes_sent += data.bytesize }
           served += 1
