@@ -103,7 +103,12 @@ class ServerProcess < ChildProcess
     rackup = app.start_with?("/") ? app : File.join(APPS, app)
     super([RbConfig.ruby, EXE, "-w", workers.to_s, *args, rackup], log_path: File.join(@dir, "server.log"), env: env,
                                                                      chdir: chdir)
-    wait_ready if wait
+    begin
+      wait_ready if wait
+    rescue StandardError
+      stop # the caller never gets this object to stop: a server that did not come up must not outlive the test
+      raise
+    end
   end
 
   def wait_ready(timeout: 20)
