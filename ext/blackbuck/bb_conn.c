@@ -440,8 +440,10 @@ static VALUE conn_parse_proxy(VALUE self)
     r = bb_parse_proxy(c->buf + c->off, c->len - c->off, &px);
     if (r == -2) return Qnil;
     if (r < 0) return Qfalse;
-    if (px.family == BB_PROXY_INET) c->remote_addr = bb_ip_string(AF_INET, px.src_addr);
-    else if (px.family == BB_PROXY_INET6) c->remote_addr = bb_ip_string(AF_INET6, px.src_addr);
+    if (px.family == BB_PROXY_INET || px.family == BB_PROXY_INET6) {
+        VALUE ip = bb_ip_string(px.family == BB_PROXY_INET ? AF_INET : AF_INET6, px.src_addr);
+        if (!NIL_P(ip)) c->remote_addr = ip;
+    }
     c->proxy = 0;
     c->off += (size_t)r;
     if (c->off == c->len) c->off = c->len = 0;
