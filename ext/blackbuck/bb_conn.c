@@ -6,6 +6,8 @@
  * (Ruby) drives it:
  *
  *   fill          -> n > 0 bytes read | 0 EOF or error | nil would block
+ *   parse_proxy   -> true (PROXY protocol header taken) | false (not one: close, answer nothing)
+ *                    | nil incomplete; only on a proxy_protocol listener, before the first parse
  *   parse         -> env Hash | nil incomplete | Integer HTTP status (bad request)
  *   body_take     -> String of body bytes now available | Integer status (bad body)
  *   write_response(status, headers, body_array_or_nil)
@@ -25,6 +27,7 @@
  * written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
  */
 #include "bb_ext.h"
+#include "bb_proxy.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -73,6 +76,7 @@ enum { WRITE_DONE = 0, WRITE_PENDING = 1, STREAM_CHUNKED = 2, STREAM_RAW = 3, WR
 struct conn {
     int fd;
     int tcp;
+    int proxy; /* a PROXY protocol header is expected before the first request (proxy_protocol listener) */
     /* read buffer: unconsumed bytes are buf[off, len) */
     char *buf;
     size_t cap, off, len;
@@ -225,7 +229,7 @@ static struct conn *get_conn(VALUE self)
     return c;
 }
 
-static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp)
+static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, int proxy)
 {
     Check_Type(tmpl, T_HASH);
     c->buf = buf_get(&c->cap);
@@ -235,19 +239,23 @@ static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp)
     }
     c->fd = fd;
     c->tcp = tcp;
+    c->proxy = proxy;
     c->remote_addr = addr;
     c->template = tmpl;
     c->keepalive = 1;
 }
 
-/* Conn.accept(listen_fd, env_template, tcp) -> a new Conn, or nil when nothing is pending. */
-static VALUE conn_s_accept(VALUE klass, VALUE lfd, VALUE tmpl, VALUE tcp)
+/* Conn.accept(listen_fd, env_template, tcp, proxy_protocol = false) -> a new Conn, or nil when
+ * nothing is pending. proxy_protocol: the connection starts with a PROXY protocol header (parse_proxy). */
+static VALUE conn_s_accept(int argc, VALUE *argv, VALUE klass)
 {
-    VALUE addr = Qnil, obj;
-    int fd = bb_accept(NUM2INT(lfd), RTEST(tcp), &addr);
+    VALUE lfd, tmpl, tcp, proxy, addr = Qnil, obj;
+    int fd;
+    rb_scan_args(argc, argv, "31", &lfd, &tmpl, &tcp, &proxy);
+    fd = bb_accept(NUM2INT(lfd), RTEST(tcp), &addr);
     if (fd < 0) return Qnil;
     obj = conn_alloc(klass);
-    conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp));
+    conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp), RTEST(proxy));
     return obj;
 }
 
@@ -466,6 +474,34 @@ static void add_header(VALUE env, const struct bb_header *h)
     }
 }
 
+/*
+ * parse_proxy -> true | false | nil: the PROXY protocol header a balancer sends first on a
+ * proxy_protocol listener (bb_parse_proxy). true: it is taken off the buffer (what follows is HTTP)
+ * and, when it names an IPv4 or IPv6 client, that address is REMOTE_ADDR for every request of the
+ * connection; v1 UNKNOWN, v2 LOCAL (the balancer's health check) and v2 AF_UNSPEC or AF_UNIX keep
+ * the real peer's. false: not a valid header; the connection is to be closed without an answer (the
+ * spec). nil: incomplete. true at once when no header is expected.
+ */
+static VALUE conn_parse_proxy(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    struct bb_proxy px;
+    int r;
+
+    if (!c->proxy) return Qtrue;
+    r = bb_parse_proxy(c->buf + c->off, c->len - c->off, &px);
+    if (r == -2) return Qnil;
+    if (r < 0) return Qfalse;
+    if (px.family == BB_PROXY_INET || px.family == BB_PROXY_INET6) {
+        VALUE ip = bb_ip_string(px.family == BB_PROXY_INET ? AF_INET : AF_INET6, px.src_addr);
+        if (!NIL_P(ip)) c->remote_addr = ip;
+    }
+    c->proxy = 0;
+    c->off += (size_t)r;
+    if (c->off == c->len) c->off = c->len = 0;
+    return Qtrue;
+}
+
 /* parse -> env Hash | nil (need more bytes) | Integer status (reject and close) */
 static VALUE conn_parse(VALUE self)
 {
@@ -477,6 +513,7 @@ static VALUE conn_parse(VALUE self)
     int r, https = 0;
     double now = 0;
 
+    if (c->proxy) rb_raise(rb_eRuntimeError, "[BUG] parse before the PROXY protocol header was taken");
     if (c->off == c->len) return Qnil;
     memset(&req, 0, sizeof(req));
     req.headers = headers;
@@ -1419,6 +1456,7 @@ ATTR_BOOL(keepalive, keepalive)
 static VALUE conn_get_pending_output(VALUE self) { return queued(get_conn(self)) ? Qtrue : Qfalse; }
 ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
+ATTR_BOOL(proxy_pending, proxy)
 ATTR_VALUE(env)
 ATTR_VALUE(sink)
 
@@ -1468,10 +1506,11 @@ void bb_init_conn(void)
 {
     cConn = rb_define_class_under(bb_mNative, "Conn", rb_cObject);
     rb_define_alloc_func(cConn, conn_alloc);
-    rb_define_singleton_method(cConn, "accept", conn_s_accept, 3);
+    rb_define_singleton_method(cConn, "accept", conn_s_accept, -1);
     rb_define_singleton_method(cConn, "spill_probe", conn_s_spill_probe, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
     rb_define_method(cConn, "queue_time", conn_queue_time, 0);
+    rb_define_method(cConn, "parse_proxy", conn_parse_proxy, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);
     rb_define_method(cConn, "write_response", conn_write_response, 4);
@@ -1501,6 +1540,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "pending_output?", conn_get_pending_output, 0);
     rb_define_method(cConn, "closed?", conn_get_closed, 0);
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
+    rb_define_method(cConn, "proxy_pending?", conn_get_proxy_pending, 0);
     rb_define_method(cConn, "buffered", conn_get_buffered, 0);
     rb_define_method(cConn, "state", conn_get_state, 0);
     rb_define_method(cConn, "state=", conn_set_state, 1);

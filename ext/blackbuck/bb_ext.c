@@ -111,6 +111,17 @@ int bb_wait_writable(int fd, int timeout_ms)
     return (a.pfd.revents & (POLLERR | POLLNVAL)) ? -1 : 1;
 }
 
+/* The text form of an IPv4 (af AF_INET, 4 bytes) or IPv6 (AF_INET6, 16 bytes) address, interned; an
+ * IPv4-mapped IPv6 address is given as the IPv4 address ("::ffff:192.0.2.1" -> "192.0.2.1"). */
+VALUE bb_ip_string(int af, const void *addr)
+{
+    char host[INET6_ADDRSTRLEN];
+    const char *h = inet_ntop(af, addr, host, sizeof(host));
+    if (!h) return Qnil;
+    if (af == AF_INET6 && strncmp(h, "::ffff:", 7) == 0 && strchr(h + 7, '.')) h += 7; /* v4-mapped */
+    return bb_fstring(h, (long)strlen(h));
+}
+
 /*
  * Accepts one connection from listener lfd: non-blocking, close-on-exec, TCP_NODELAY on TCP.
  * Returns the fd and sets *addr to the peer's address (an interned string), or -1 when nothing
@@ -122,8 +133,7 @@ int bb_accept(int lfd, int tcp, VALUE *addr)
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
     int fd;
-    char host[INET6_ADDRSTRLEN];
-    const char *h = NULL;
+    VALUE ip = Qnil;
 
     for (;;) {
 #ifdef HAVE_ACCEPT4
@@ -149,19 +159,15 @@ int bb_accept(int lfd, int tcp, VALUE *addr)
             rb_sys_fail("accept4");
         }
     }
-    if (ss.ss_family == AF_INET) {
-        struct sockaddr_in *sin = (struct sockaddr_in *)&ss;
-        h = inet_ntop(AF_INET, &sin->sin_addr, host, sizeof(host));
-    } else if (ss.ss_family == AF_INET6) {
-        struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
-        h = inet_ntop(AF_INET6, &sin6->sin6_addr, host, sizeof(host));
-        if (h && strncmp(h, "::ffff:", 7) == 0 && strchr(h + 7, '.')) h += 7; /* v4-mapped */
-    }
+    if (ss.ss_family == AF_INET)
+        ip = bb_ip_string(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr);
+    else if (ss.ss_family == AF_INET6)
+        ip = bb_ip_string(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr);
     if (tcp && ss.ss_family != AF_UNIX) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
-    if (!h) {
+    if (NIL_P(ip)) {
         /* UNIX sockets have no peer address; like Unicorn, say loopback */
         if (NIL_P(unix_addr)) {
             unix_addr = rb_obj_freeze(rb_str_new_cstr("127.0.0.1"));
@@ -169,7 +175,7 @@ int bb_accept(int lfd, int tcp, VALUE *addr)
         }
         *addr = unix_addr;
     } else {
-        *addr = bb_fstring(h, (long)strlen(h));
+        *addr = ip;
     }
     return fd;
 }

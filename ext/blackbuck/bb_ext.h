@@ -46,6 +46,8 @@ VALUE bb_fstring(const char *ptr, long len);
 
 /* accept4 with peer address; -1 when nothing is pending (see bb_ext.c). */
 int bb_accept(int lfd, int tcp, VALUE *addr);
+/* An IPv4 (AF_INET) or IPv6 (AF_INET6) address as REMOTE_ADDR shows it (interned); nil if af is neither. */
+VALUE bb_ip_string(int af, const void *addr);
 
 /* Logs one warning line through the server's logger (Native.logger=); nothing when none is set. */
 void bb_warn(VALUE msg);

@@ -29,6 +29,9 @@ module Blackbuck
       parser = option_parser
       rest = parser.parse(@argv)
       raise OptionParser::InvalidArgument, "too many rackup files: #{rest.join(' ')}" if rest.size > 1
+      if @proxy_protocol && @overrides.none? { |k, _| k == :listen_one }
+        raise OptionParser::InvalidArgument, "--proxy-protocol applies to the listeners given with -l, and there is none"
+      end
 
       require_relative "../blackbuck"
       config = Config.new
@@ -37,7 +40,9 @@ module Blackbuck
         Config::DSL.load(config, file)
         config.set(:config_file, file)
       end
-      @overrides.each { |k, v| config.set(k, v) }
+      @overrides.each do |k, v|
+        config.set(k, k == :listen_one && @proxy_protocol ? Config::Listen.new(v, true) : v)
+      end
       config.set(:rackup, rest.first) if rest.first
       config.finalize!(@env)
       @debug = config[:debug]
@@ -91,6 +96,10 @@ module Blackbuck
              &set(:listen_one))
         o.on("-o", "--host HOST", "host to bind when no --listen is given (default 0.0.0.0)", &set(:host))
         o.on("-p", "--port PORT", "port to bind when no --listen is given (default $PORT or 9292)", &set(:port))
+        o.on("--proxy-protocol", "every -l listener of the command line expects a PROXY protocol header (v1 or v2)",
+             "from a load balancer first; only for listeners only it can reach (docs/SECURITY.md)") do
+          @proxy_protocol = true
+        end
         o.on("--backlog N", "listen queue length (default 1024)", &set(:backlog))
         o.on("--unix-socket-mode MODE", "file mode of UNIX sockets, e.g. 0660", &set(:unix_socket_mode))
         o.on("--unix-socket-group GROUP", "group of UNIX sockets, a name or gid (e.g. www-data for nginx)",

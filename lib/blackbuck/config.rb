@@ -12,8 +12,14 @@ module Blackbuck
     KIB = 1024
     MIB = 1024 * KIB
 
+    # One entry of the listen list: an address (as Listeners.parse reads it) and whether every
+    # connection to it starts with a PROXY protocol header from a load balancer.
+    Listen = Struct.new(:address, :proxy_protocol) do
+      def to_s = address
+    end
+
     DEFAULTS = {
-      listen: [],                     # addresses; empty -> "#{host}:#{port}"
+      listen: [],                     # Listen entries; empty -> "#{host}:#{port}"
       host: "0.0.0.0",
       port: nil,                      # nil -> $PORT, else 9292
       backlog: 1024,                  # listen(2) queue length
@@ -95,7 +101,7 @@ module Blackbuck
       when :listen # the whole list (listen_one adds one)
         @values[:listen] = []
         Array(value).each { |a| set(:listen_one, a) }
-      when :listen_one then @values[:listen] << string(:listen, value)
+      when :listen_one then @values[:listen] << listen_entry(value)
       when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
       when :port then @values[key] = int(key, value, 0, 65_535)
       when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile
@@ -123,7 +129,7 @@ module Blackbuck
       @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Config.cpus
       @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || "development"
       @values[:debug] ||= bool(:BLACKBUCK_DEBUG, env["BLACKBUCK_DEBUG"]) if env["BLACKBUCK_DEBUG"]
-      @values[:listen] = ["#{@values[:host]}:#{@values[:port]}"] if @values[:listen].empty?
+      @values[:listen] = [listen_entry("#{@values[:host]}:#{@values[:port]}")] if @values[:listen].empty?
       min = @values[:min_requests_per_child]
       max = @values[:max_requests_per_child]
       if min && max.positive? && min > max
@@ -160,6 +166,12 @@ module Blackbuck
       when false, "false", "no", "0", "off" then false
       else raise ConfigError, "#{key} must be true or false, got #{value.inspect}"
       end
+    end
+
+    # An address String (no PROXY protocol) or a Listen -> a frozen Listen.
+    def listen_entry(value)
+      address, proxy = value.is_a?(Listen) ? [value.address, value.proxy_protocol] : [value, false]
+      Listen.new(string(:listen, address), bool(:proxy_protocol, proxy)).freeze
     end
 
     def string(key, value)
@@ -226,7 +238,10 @@ module Blackbuck
         raise ConfigError, "#{where}: #{e.class}: #{e.message}"
       end
 
-      def listen(*addresses) = addresses.each { |a| @config.set(:listen_one, a.to_s) }
+      # listen "127.0.0.1:8080", "unix:/run/app.sock", proxy_protocol: true
+      def listen(*addresses, proxy_protocol: false)
+        addresses.each { |a| @config.set(:listen_one, Listen.new(a.to_s, proxy_protocol)) }
+      end
 
       (DEFAULTS.keys - %i[listen config_file] - HOOKS).each do |key|
         define_method(key) { |value| @config.set(key, value) }

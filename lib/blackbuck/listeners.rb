@@ -6,22 +6,26 @@ require_relative "errors"
 
 module Blackbuck
   # One listening socket: how it was named, its IO, and the env template its requests start from.
+  # proxy_protocol: every connection starts with a PROXY protocol header from a load balancer,
+  # which names the client (REMOTE_ADDR); a connection without a valid one is closed unanswered.
   class Listener
     attr_reader :io, :kind, :host, :port, :path, :name
 
-    def initialize(io:, kind:, host: nil, port: nil, path: nil, inherited: false)
+    def initialize(io:, kind:, host: nil, port: nil, path: nil, inherited: false, proxy_protocol: false)
       @io = io
       @kind = kind
       @host = host
       @port = port
       @path = path
       @inherited = inherited
+      @proxy_protocol = proxy_protocol
       @name = kind == :unix ? "unix:#{path}" : "http://#{host&.include?(':') ? "[#{host}]" : host}:#{port}"
     end
 
     def fd = @io.fileno
     def tcp? = @kind == :tcp
     def inherited? = @inherited
+    def proxy_protocol? = @proxy_protocol
 
     # Keys every request on this listener starts with; Conn#parse dups it. Built once.
     def env_template(rack_version)
@@ -86,16 +90,17 @@ module Blackbuck
 
     # Every listener an address names: a host name with several addresses ("localhost": ::1 and
     # 127.0.0.1) gets one per address, all on the same port, as Puma does.
-    def bind_all(addr, backlog:, unix_mode: nil, unix_group: nil)
+    def bind_all(addr, backlog:, unix_mode: nil, unix_group: nil, proxy_protocol: false)
       kind, host, where = parse(addr)
-      return [bind_unix(where, backlog, unix_mode, unix_group)] if kind == :unix
+      return [bind_unix(where, backlog, unix_mode, unix_group, proxy_protocol: proxy_protocol)] if kind == :unix
 
       addrs = Addrinfo.getaddrinfo(host, where, nil, :STREAM, nil, Socket::AI_PASSIVE).uniq(&:ip_address)
       raise ConfigError, "cannot resolve #{host}" if addrs.empty?
 
       port = where
       bound = addrs.filter_map do |ai|
-        l = bind_tcp(Addrinfo.tcp(ai.ip_address, port), host, port, backlog, optional: addrs.size > 1)
+        l = bind_tcp(Addrinfo.tcp(ai.ip_address, port), host, port, backlog, optional: addrs.size > 1,
+                                                                               proxy_protocol: proxy_protocol)
         port = l.port if l # the others take the port the first one got (port 0: the kernel's pick)
         l
       end
@@ -107,7 +112,7 @@ module Blackbuck
     end
 
     # optional: an address this machine cannot have (no IPv6) is skipped (nil), not an error.
-    def bind_tcp(ai, host, port, backlog, optional: false)
+    def bind_tcp(ai, host, port, backlog, optional: false, proxy_protocol: false)
       sock = Socket.new(ai.afamily, Socket::SOCK_STREAM, 0)
       sock.setsockopt(Socket::SOL_SOCKET, Socket::SO_REUSEADDR, true)
       sock.setsockopt(Socket::IPPROTO_IPV6, Socket::IPV6_V6ONLY, true) if ai.ipv6?
@@ -115,7 +120,7 @@ module Blackbuck
       sock.listen(backlog)
       Native.defer_accept(sock.fileno, 1)
       bound = sock.local_address
-      Listener.new(io: sock, kind: :tcp, host: bound.ip_address, port: bound.ip_port)
+      Listener.new(io: sock, kind: :tcp, host: bound.ip_address, port: bound.ip_port, proxy_protocol: proxy_protocol)
     rescue Errno::EADDRNOTAVAIL, Errno::EAFNOSUPPORT => e
       sock&.close
       raise ConfigError, "cannot listen on #{host}:#{port}: #{e.message}" unless optional
@@ -127,7 +132,7 @@ module Blackbuck
     # Mode and group are set between bind and listen: until listen(2) every connect is refused,
     # so no client (nginx) ever meets the socket with a mode or group other than the ones asked
     # for. On any error the file we bound is removed again.
-    def bind_unix(path, backlog, mode, group = nil)
+    def bind_unix(path, backlog, mode, group = nil, proxy_protocol: false)
       remove_stale_socket(path)
       sock = Socket.new(:UNIX, :STREAM, 0)
       sock.bind(Socket.sockaddr_un(path))
@@ -135,7 +140,7 @@ module Blackbuck
       File.chmod(mode, path) if mode
       give_group(path, group) if group
       sock.listen(backlog)
-      listening = Listener.new(io: sock, kind: :unix, path: path)
+      listening = Listener.new(io: sock, kind: :unix, path: path, proxy_protocol: proxy_protocol)
     rescue ArgumentError => e # path too long for sun_path
       raise ConfigError, "cannot listen on unix:#{path}: #{e.message}"
     rescue SystemCallError => e
@@ -176,36 +181,54 @@ module Blackbuck
 
     # Listeners a parent process bound for us. Server::Starter: "0.0.0.0:8080=3;/tmp/app.sock=4".
     # systemd: LISTEN_PID == our pid, LISTEN_FDS = n, fds 3..3+n-1.
-    def inherited(env = ENV)
+    # proxied: listen addresses with proxy_protocol (the config's); an inherited socket one of them
+    # names speaks the PROXY protocol (a parent passes sockets, not how to read them).
+    def inherited(env = ENV, proxied: [])
+      speaks = ->(local) { proxied.any? { |addr| names?(addr, local) } }
       if (spec = env["SERVER_STARTER_PORT"])
-        from_server_starter(spec)
+        from_server_starter(spec, &speaks)
       elsif env["LISTEN_FDS"] && env["LISTEN_PID"].to_i == Process.pid
-        (3...(3 + env["LISTEN_FDS"].to_i)).map { |fd| from_fd(fd) }
+        (3...(3 + env["LISTEN_FDS"].to_i)).map { |fd| from_fd(fd, &speaks) }
       else
         []
       end
     end
 
-    def from_server_starter(spec)
+    def from_server_starter(spec, &proxy_protocol)
       spec.split(";").reject(&:empty?).map do |pair|
         key, fd = pair.split("=", 2)
         raise ConfigError, "invalid SERVER_STARTER_PORT entry #{pair.inspect}" unless fd&.match?(/\A\d+\z/)
 
-        from_fd(Integer(fd, 10))
+        from_fd(Integer(fd, 10), &proxy_protocol)
       end
     end
 
-    def from_fd(fd, inherited: true)
+    # A block, given the socket's local Addrinfo, decides proxy_protocol instead of the argument.
+    def from_fd(fd, inherited: true, proxy_protocol: false)
       sock = Socket.for_fd(fd)
       sock.autoclose = true
       addr = sock.local_address
+      proxy_protocol = yield(addr) if block_given?
       if addr.unix?
-        Listener.new(io: sock, kind: :unix, path: addr.unix_path, inherited: inherited)
+        Listener.new(io: sock, kind: :unix, path: addr.unix_path, inherited: inherited, proxy_protocol: proxy_protocol)
       else
-        Listener.new(io: sock, kind: :tcp, host: addr.ip_address, port: addr.ip_port, inherited: inherited)
+        Listener.new(io: sock, kind: :tcp, host: addr.ip_address, port: addr.ip_port, inherited: inherited,
+                     proxy_protocol: proxy_protocol)
       end
     rescue SystemCallError => e
       raise ConfigError, "inherited file descriptor #{fd} is not a listening socket: #{e.message}"
+    end
+
+    # Does listen address addr ("HOST:PORT", "unix:/path", ...) name the bound socket address local
+    # (an Addrinfo)? A host name names every address it resolves to.
+    def names?(addr, local)
+      kind, host, where = parse(addr)
+      return kind == :unix && File.expand_path(where) == File.expand_path(local.unix_path) if local.unix?
+      return false unless kind == :tcp && where == local.ip_port
+
+      Addrinfo.getaddrinfo(host, where, nil, :STREAM, nil, Socket::AI_PASSIVE).any? { |ai| ai.ip_address == local.ip_address }
+    rescue ConfigError, SocketError
+      false
     end
   end
 end

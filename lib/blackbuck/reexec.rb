@@ -13,7 +13,9 @@ module Blackbuck
   #    workers, and when they are ready tells the old workers (still its children) to finish
   #    their requests and exit.
   module Reexec
-    LISTEN_ENV = "BLACKBUCK_LISTEN_FDS"   # "fd:o,fd:i": o = a socket we bound, i = one a parent gave us
+    LISTEN_ENV = "BLACKBUCK_LISTEN_FDS"   # "fd:o,fd:i:p": o = a socket we bound, i = one a parent gave us;
+                                          # a third field "p" = it speaks the PROXY protocol (images
+                                          # before it read the first two fields only)
     WORKERS_ENV = "BLACKBUCK_OLD_WORKERS" # "pid:control_fd,..."
     CHECK_TIMEOUT = 300                   # seconds the new code may take to boot in the check
 
@@ -56,7 +58,7 @@ module Blackbuck
       keep = {}
       listen = listeners.map do |l|
         keep[l.fd] = l.fd
-        "#{l.fd}:#{l.inherited? ? 'i' : 'o'}"
+        "#{l.fd}:#{l.inherited? ? 'i' : 'o'}#{':p' if l.proxy_protocol?}"
       end
       workers = old_workers.map do |pid, control|
         keep[control.fileno] = control.fileno
@@ -71,8 +73,8 @@ module Blackbuck
       return [] if spec.nil? || spec.empty?
 
       spec.split(",").map do |pair|
-        fd, whose = pair.split(":")
-        Listeners.from_fd(Integer(fd), inherited: whose == "i")
+        fd, whose, flags = pair.split(":")
+        Listeners.from_fd(Integer(fd), inherited: whose == "i", proxy_protocol: flags.to_s.include?("p"))
       end
     end
 

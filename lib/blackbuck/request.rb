@@ -37,6 +37,7 @@ module Blackbuck
         read_body(conn)
         return
       end
+      return proxy_header(conn) if conn.proxy_pending?
 
       env = conn.parse
       case env
@@ -59,6 +60,20 @@ module Blackbuck
     end
 
     private
+
+    # On a proxy_protocol listener a connection starts with the balancer's PROXY header, which names
+    # the client (Conn#parse_proxy). Until it is in, the connection is IDLE with the deadline accept
+    # gave it (Worker::PROXY_HEADER_SECONDS), so no header or half of one is closed quietly when that
+    # passes; bytes that are not a header close it at once. Neither gets an answer (the protocol says
+    # so, and what came before a valid header is not HTTP). After it, the clock is a new connection's.
+    def proxy_header(conn)
+      case conn.parse_proxy
+      when true
+        conn.deadline = @worker.now + @header_timeout
+        advance(conn) unless conn.buffered.zero?
+      when false then @worker.drop(conn)
+      end
+    end
 
     def start(conn, env)
       if conn.body_done?

@@ -16,12 +16,14 @@ module Blackbuck
       Native.logger = logger # the C side warns through it (a response that cannot be spilled)
       check_spill_dir(config, logger)
       raise_open_files_limit(logger)
-      listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP)
-      listeners = Listeners.inherited(env) if listeners.empty?
+      listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP), flags and all
+      if listeners.empty?
+        listeners = Listeners.inherited(env, proxied: config[:listen].select(&:proxy_protocol).map(&:address))
+      end
       listeners = bind(config) if listeners.empty?
       listeners.each do |l|
         l.io.fcntl(Fcntl::F_SETFL, l.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
-        logger.info("listening on #{l.name}#{' (inherited)' if l.inherited?}")
+        logger.info("listening on #{l.name}#{' (inherited)' if l.inherited?}#{' (PROXY protocol)' if l.proxy_protocol?}")
       end
       logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers, " \
                   "parser #{Native.http_impl}, pid #{Process.pid}" \
@@ -40,8 +42,9 @@ module Blackbuck
     def bind(config)
       bound = []
       config[:listen].each do |a|
-        bound.concat(Listeners.bind_all(a, backlog: config[:backlog], unix_mode: config[:unix_socket_mode],
-                                           unix_group: config[:unix_socket_group]))
+        bound.concat(Listeners.bind_all(a.address, backlog: config[:backlog], unix_mode: config[:unix_socket_mode],
+                                                   unix_group: config[:unix_socket_group],
+                                                   proxy_protocol: a.proxy_protocol))
       end
       bound
     rescue ConfigError

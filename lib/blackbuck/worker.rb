@@ -28,6 +28,8 @@ module Blackbuck
                          # (with "Connection: close"), so a request racing the stop is served
     LINGER_SECONDS = 2   # seconds a staged close waits for the client to close its side
                          # (RFC 9112 9.6; see #close and Conn#shutdown_write)
+    PROXY_HEADER_SECONDS = 5 # seconds a proxy_protocol listener's connection has to send its PROXY
+                             # header (the spec: at least 3, for a TCP retransmit); header_timeout if shorter
     STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
 
@@ -65,6 +67,7 @@ module Blackbuck
       @keepalive = config[:keepalive]
       @keepalive_timeout = config[:keepalive_timeout]
       @header_timeout = config[:header_timeout]
+      @proxy_header_timeout = [PROXY_HEADER_SECONDS, @header_timeout].min
       @write_timeout = config[:write_timeout]
       @max_connections = config[:max_connections]
       @oob_gc = config[:oob_gc]
@@ -230,12 +233,13 @@ module Blackbuck
           pause_accepting
           return
         end
-        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version), listener.tcp?)
+        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version), listener.tcp?,
+                                   listener.proxy_protocol?)
         return unless conn
 
         fd = conn.fd
         @conns[fd] = conn
-        conn.deadline = now + @header_timeout
+        conn.deadline = now + (listener.proxy_protocol? ? @proxy_header_timeout : @header_timeout)
         # Optimistic read: on a busy server the request is usually there already.
         on_readable(conn)
         watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)

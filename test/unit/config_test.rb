@@ -1,7 +1,9 @@
 # frozen_string_literal: true
 
 require "minitest/autorun"
+require "minitest/mock"
 require "blackbuck"
+require "socket"
 require "tmpdir"
 
 class ListenersParseTest < Minitest::Test
@@ -36,12 +38,13 @@ class ConfigTest < Minitest::Test
 
   def test_defaults_and_finalize
     c = config.finalize!({ "PORT" => "5000", "WEB_CONCURRENCY" => "3" })
-    assert_equal ["0.0.0.0:5000"], c[:listen]
+    assert_equal ["0.0.0.0:5000"], c[:listen].map(&:address)
+    assert_equal [false], c[:listen].map(&:proxy_protocol)
     assert_equal 3, c[:workers]
     assert_equal "development", c[:environment]
     assert_equal 75, c[:keepalive_timeout]
     c = config.finalize!({})
-    assert_equal ["0.0.0.0:9292"], c[:listen]
+    assert_equal ["0.0.0.0:9292"], c[:listen].map(&:address)
     assert_equal Etc.nprocessors, c[:workers]
   end
 
@@ -121,6 +124,57 @@ class ConfigTest < Minitest::Test
       err = assert_raises(Blackbuck::ConfigError) { config.set(:x_accel_mapping, v) }
       assert_match(/\Ax_accel_mapping must be URI_PREFIX=DIRECTORY, both starting with \/, got /, err.message)
     end
+  end
+
+  def test_listen_entries_and_proxy_protocol
+    c = config.set(:listen_one, "127.0.0.1:1").set(:listen_one, Blackbuck::Config::Listen.new("unix:/a.sock", "yes"))
+    assert_equal [["127.0.0.1:1", false], ["unix:/a.sock", true]], c[:listen].map(&:to_a)
+    assert c[:listen].all?(&:frozen?)
+    assert_equal "127.0.0.1:1 unix:/a.sock", c[:listen].join(" "), "an entry reads as its address"
+    Dir.mktmpdir do |d|
+      File.write("#{d}/conf.rb", "listen '127.0.0.1:8080'\nlisten '[::1]:8080', 'unix:/lb.sock', proxy_protocol: true\n")
+      c = Blackbuck::Config::DSL.load(config, "#{d}/conf.rb")
+      assert_equal [["127.0.0.1:8080", false], ["[::1]:8080", true], ["unix:/lb.sock", true]], c[:listen].map(&:to_a)
+      File.write("#{d}/conf.rb", "listen '127.0.0.1:8080', proxy_protocol: nil\n")
+      err = assert_raises(Blackbuck::ConfigError) { Blackbuck::Config::DSL.load(config, "#{d}/conf.rb") }
+      assert_equal "#{d}/conf.rb: proxy_protocol must be true or false, got nil", err.message
+    end
+    assert_equal [["a:1", false]], config.set(:listen, ["a:1"])[:listen].map(&:to_a), "set(:listen) takes Strings"
+  end
+
+  def test_listen_address_names_a_bound_socket
+    tcp = Addrinfo.tcp("127.0.0.1", 8080)
+    assert Blackbuck::Listeners.names?("127.0.0.1:8080", tcp)
+    assert Blackbuck::Listeners.names?("localhost:8080", tcp), "a host name names what it resolves to"
+    refute Blackbuck::Listeners.names?("127.0.0.1:8081", tcp)
+    refute Blackbuck::Listeners.names?("127.0.0.2:8080", tcp)
+    refute Blackbuck::Listeners.names?("unix:/a.sock", tcp)
+    refute Blackbuck::Listeners.names?("not an address", tcp)
+    assert Blackbuck::Listeners.names?("[::1]:8080", Addrinfo.tcp("::1", 8080))
+    assert Blackbuck::Listeners.names?("unix:/tmp/a.sock", Addrinfo.unix("/tmp/a.sock"))
+    refute Blackbuck::Listeners.names?("unix:/tmp/b.sock", Addrinfo.unix("/tmp/a.sock"))
+  end
+
+  # HUP re-exec: BLACKBUCK_LISTEN_FDS "fd:o|i" gained a third field "p" (PROXY protocol); the old
+  # two-field form still reads as plain listeners.
+  def test_reexec_hands_over_the_proxy_protocol_flag
+    servers = Array.new(3) { TCPServer.new("127.0.0.1", 0) }
+    fd = ->(i) { servers[i].dup.fileno } # each Listener takes over (and closes) a descriptor of its own
+    listeners = Blackbuck::Listeners
+    bound = [listeners.from_fd(fd.call(0), inherited: false, proxy_protocol: true), listeners.from_fd(fd.call(1))]
+    spec = nil
+    Kernel.stub(:exec, ->(env, *) { spec = env[Blackbuck::Reexec::LISTEN_ENV] }) do
+      Blackbuck::Reexec.stub(:command, ["ruby"]) { Blackbuck::Reexec.exec!(bound, []) }
+    end
+    assert_equal "#{bound[0].fd}:o:p,#{bound[1].fd}:i", spec
+    fds = [0, 1, 2].map(&fd)
+    env = { Blackbuck::Reexec::LISTEN_ENV => "#{fds[0]}:o:p,#{fds[1]}:i,#{fds[2]}:o" }
+    handed = Blackbuck::Reexec.listeners(env)
+    assert_equal [[fds[0], false, true], [fds[1], true, false], [fds[2], false, false]],
+                 handed.map { |l| [l.fd, l.inherited?, l.proxy_protocol?] }
+  ensure
+    [*bound, *handed].each { |l| l.io.close }
+    servers&.each(&:close)
   end
 
   def test_min_above_max_is_an_error
