@@ -25,12 +25,26 @@ module BlackbuckBench
     end
 
     def start
+      spawn
+      wait_ready
+    end
+
+    # Starts the process; wait_ready then waits for it (several servers boot at once).
+    def spawn
       cmd = recipe.command(ctx)
       @argv = cmd[:argv]
-      File.write(File.join(ctx.dir, "command.txt"), @argv.join(" ") + "\n")
+      File.write(File.join(ctx.dir, "command.txt"), "#{@env.slice('RUBY_YJIT_ENABLE', 'RUBYOPT', 'BUNDLE_GEMFILE', 'GEM_PATH').map { |k, v| "#{k}=#{v} " }.join}#{@argv.join(' ')}\n")
+      @started = monotonic
       @pid = Process.spawn(@env, *@argv, chdir: cmd[:chdir], pgroup: true, unsetenv_others: true,
                                           in: File::NULL, %i[out err] => [@log_path, "w"])
-      wait_ready
+      self
+    rescue SystemCallError => e
+      raise BootError, "#{e.message}; log tail: #{log_tail}"
+    end
+
+    # Log lines + both sockets accept + one correct response on each; BootError otherwise.
+    def wait_ready
+      wait_ready!
       self
     rescue BootError, SystemCallError => e
       stop
@@ -90,8 +104,8 @@ module BlackbuckBench
 
     def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    def wait_ready
-      deadline = monotonic + BOOT_TIMEOUT_S
+    def wait_ready!
+      deadline = @started + BOOT_TIMEOUT_S
       until ready?
         raise BootError, "exited during boot" unless alive?
         raise BootError, "not ready after #{BOOT_TIMEOUT_S}s" if monotonic > deadline
