@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mix.h"
 #include "net.h"
 
 #define DEFAULT_THREADS 2
@@ -19,14 +20,14 @@ struct config {
     uint64_t pipeline; /* requests in flight per connection (>= 1) */
     int latency;       /* --latency */
     int keepalive;     /* 0 with --no-keepalive or -H 'Connection: close' */
-    int head;          /* method is HEAD: responses carry no body */
+    int per_connection; /* --target-per-connection: a target per connection, not per request */
+    uint64_t seed;     /* --seed: the per-thread PRNGs that pick targets */
     const char *url, *method, *json_path, *socket_path;
     const char **headers; /* -H values, in order */
     size_t nheaders;
     size_t body_len;
-    char *batch;       /* `pipeline` serialised requests back to back */
-    size_t request_len, batch_len;
-    struct target target;
+    struct mix mix;    /* what to request: --target/--targets, or the URL's path alone */
+    struct target target; /* where to connect (net.h) */
 };
 
 #endif

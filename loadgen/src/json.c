@@ -44,12 +44,42 @@ static void put_hist(FILE *f, const char *name, const struct hist *h)
     fprintf(f, "]}");
 }
 
+static void put_errors(FILE *f, const struct errors *e)
+{
+    fprintf(f, "{\"connect\": %" PRIu64 ", \"read\": %" PRIu64 ", \"write\": %" PRIu64 ", \"timeout\": %" PRIu64
+               ", \"status\": %" PRIu64 ", \"connect_retry\": %" PRIu64 "}",
+            e->connect, e->read, e->write, e->timeout, e->status, e->connect_retry);
+}
+
+/* --target: one object per target, in the order given; latency_us has the
+ * shape of the run's own. */
+static void put_targets(FILE *f, const struct config *cfg, const struct results *r)
+{
+    fprintf(f, "  \"targets\": [");
+    for (size_t k = 0; cfg->mix.given && k < cfg->mix.n && k < r->ntargets; k++) {
+        const struct mix_target *t = &cfg->mix.targets[k];
+        const struct target_stats *ts = &r->targets[k];
+        fprintf(f, "%s\n    {\"method\": ", k ? "," : "");
+        put_string(f, t->method);
+        fprintf(f, ", \"path\": ");
+        put_string(f, t->path);
+        fprintf(f, ", \"weight\": %" PRIu64 ", \"connections\": ", t->weight);
+        if (cfg->per_connection) fprintf(f, "%" PRIu64, t->connections);
+        else fputs("null", f);
+        fprintf(f, ", \"requests\": %" PRIu64 ",\n    \"errors\": ", ts->complete);
+        put_errors(f, &ts->errors);
+        fprintf(f, ", \"non_2xx_3xx\": %" PRIu64 ",\n  ", ts->errors.status);
+        put_hist(f, "latency_us", ts->latency);
+        fputs("}", f);
+    }
+    fprintf(f, "%s],\n", cfg->mix.given ? "\n  " : "");
+}
+
 int report_json(const char *path, const struct config *cfg, const struct results *r)
 {
     FILE *f = fopen(path, "w");
     if (!f) return -1;
     long double runtime_s = r->runtime_us > 0 ? r->runtime_us / 1000000.0L : 1e-6L;
-    const struct errors *e = &r->errors;
 
     fprintf(f, "{\n  \"schema_version\": %d,\n  \"config\": {\"url\": ", JSON_VERSION);
     put_string(f, cfg->url);
@@ -60,9 +90,10 @@ int report_json(const char *path, const struct config *cfg, const struct results
     fprintf(f, ", \"method\": ");
     put_string(f, cfg->method);
     fprintf(f, ",\n    \"threads\": %" PRIu64 ", \"connections\": %" PRIu64 ", \"duration_s\": %.3f, \"timeout_s\": %.3f,"
-               " \"keepalive\": %s, \"pipeline\": %" PRIu64 ", \"rate\": %" PRIu64 ", \"body_bytes\": %zu,\n    \"headers\": [",
+               " \"keepalive\": %s, \"pipeline\": %" PRIu64 ", \"rate\": %" PRIu64 ", \"body_bytes\": %zu,"
+               " \"seed\": %" PRIu64 ", \"target_per_connection\": %s,\n    \"headers\": [",
             cfg->threads, cfg->connections, cfg->duration_us / 1e6, cfg->timeout_us / 1e6, cfg->keepalive ? "true" : "false",
-            cfg->pipeline, cfg->rate, cfg->body_len);
+            cfg->pipeline, cfg->rate, cfg->body_len, cfg->seed, cfg->per_connection ? "true" : "false");
     for (size_t i = 0; i < cfg->nheaders; i++) {
         if (i) fputs(", ", f);
         put_string(f, cfg->headers[i]);
@@ -71,9 +102,9 @@ int report_json(const char *path, const struct config *cfg, const struct results
     fprintf(f, "  \"runtime_s\": %.6Lf, \"requests\": %" PRIu64 ", \"bytes\": %" PRIu64 ",\n", runtime_s, r->complete, r->bytes);
     fprintf(f, "  \"requests_per_sec\": %.2Lf, \"bytes_per_sec\": %.2Lf, \"reconnects\": %" PRIu64 ",\n",
             r->complete / runtime_s, r->bytes / runtime_s, r->reconnects);
-    fprintf(f, "  \"errors\": {\"connect\": %" PRIu64 ", \"read\": %" PRIu64 ", \"write\": %" PRIu64 ", \"timeout\": %" PRIu64
-               ", \"status\": %" PRIu64 ", \"connect_retry\": %" PRIu64 "},\n",
-            e->connect, e->read, e->write, e->timeout, e->status, e->connect_retry);
+    fprintf(f, "  \"errors\": ");
+    put_errors(f, &r->errors);
+    fprintf(f, ",\n");
     fprintf(f, "  \"status_codes\": {");
     int first = 1;
     for (int s = 0; s < 600; s++) {
@@ -98,6 +129,7 @@ int report_json(const char *path, const struct config *cfg, const struct results
                 i ? "," : "", w->nconns, w->complete, w->bytes, w->complete / runtime_s);
     }
     fprintf(f, "\n  ],\n");
+    put_targets(f, cfg, r);
     fprintf(f, "  \"rate\": {\"target\": %" PRIu64 ", \"sent\": %" PRIu64 ", \"late\": %" PRIu64 ", \"dropped\": %" PRIu64
                ", \"late_threshold_us\": %d},\n",
             cfg->rate, r->sent, r->late, r->dropped, LATE_THRESHOLD_US);

@@ -62,11 +62,19 @@ static void usage(void)
            "    -R, --rate        <N>  Requests/s over all threads (open model)\n"
            "        --pipeline    <N>  Requests in flight per connection\n"
            "\n"
+           "        --target  <'M P'> <W>  Request method M, path P with weight W (repeatable)\n"
+           "        --targets     <F>  Targets from F: lines of METHOD PATH WEIGHT\n"
+           "        --target-per-connection  Each connection keeps one target (split by weight)\n"
+           "        --seed        <N>  Seed of the per-request target choice (default 1)\n"
+           "\n"
            "  Numeric arguments may include a SI unit (1k, 1M, 1G)\n"
            "  Time arguments may include a time unit (500ms, 2s, 2m, 2h)\n");
 }
 
-enum { OPT_LATENCY = 256, OPT_BODY, OPT_BODY_FILE, OPT_JSON, OPT_PIPELINE, OPT_NO_KEEPALIVE };
+enum {
+    OPT_LATENCY = 256, OPT_BODY, OPT_BODY_FILE, OPT_JSON, OPT_PIPELINE, OPT_NO_KEEPALIVE,
+    OPT_TARGET, OPT_TARGETS, OPT_TARGET_PER_CONNECTION, OPT_SEED,
+};
 
 static const struct option longopts[] = {
     { "connections", required_argument, NULL, 'c' },
@@ -86,6 +94,10 @@ static const struct option longopts[] = {
     { "rate", required_argument, NULL, 'R' },
     { "pipeline", required_argument, NULL, OPT_PIPELINE },
     { "script", required_argument, NULL, 's' },
+    { "target", required_argument, NULL, OPT_TARGET }, /* and its weight, the next argument */
+    { "targets", required_argument, NULL, OPT_TARGETS },
+    { "target-per-connection", no_argument, NULL, OPT_TARGET_PER_CONNECTION },
+    { "seed", required_argument, NULL, OPT_SEED },
     { NULL, 0, NULL, 0 },
 };
 
@@ -103,6 +115,16 @@ static uint64_t time_arg(const char *name, const char *s)
     if (units_parse_time_us(s, &v)) die("invalid %s: '%s' (expected a time such as 10s, 500ms, 2m)", name, s);
     if (v == 0) die("invalid %s: '%s' (must be greater than zero)", name, s);
     return v;
+}
+
+static uint64_t seed_arg(const char *s)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *s < '0' || *s > '9' || *end || errno == ERANGE)
+        die("invalid seed: '%s' (expected an integer from 0 to %llu)", s, (unsigned long long)UINT64_MAX);
+    return (uint64_t)v;
 }
 
 static char *read_file(const char *path, size_t *len)
@@ -195,30 +217,38 @@ static void buf_add(struct buf *b, const char *s, size_t n)
 
 static void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
 
-/* Serialise the request once; with --pipeline N, N copies back to back. */
-static void build_request(struct config *cfg, const char *authority, const char *path, const char *query,
-                          const char *body, size_t body_len, int has_body)
+/* -H values: well-formed, and which of our own headers they replace. */
+struct user_headers {
+    int host, length, connection;
+};
+
+static struct user_headers check_headers(struct config *cfg)
 {
-    struct buf r = { 0 };
-    int user_host = 0, user_length = 0, user_connection = 0;
+    struct user_headers u = { 0, 0, 0 };
     for (size_t i = 0; i < cfg->nheaders; i++) {
         const char *h = cfg->headers[i];
         if (!strchr(h, ':') || h[0] == ':') die("invalid header (expected 'Name: value'): %s", h);
         if (strpbrk(h, "\r\n")) die("invalid header (contains a line break): %s", h);
-        if (header_named(h, "host")) user_host = 1;
-        if (header_named(h, "content-length")) user_length = 1;
+        if (header_named(h, "host")) u.host = 1;
+        if (header_named(h, "content-length")) u.length = 1;
         if (header_named(h, "connection")) {
-            user_connection = 1;
+            u.connection = 1;
             if (header_has_token(h, "close")) cfg->keepalive = 0;
         }
     }
-    buf_str(&r, cfg->method);
+    return u;
+}
+
+/* Serialise a target's request once; with --pipeline N, N copies back to back. */
+static void render_request(const struct config *cfg, struct user_headers u, struct mix_target *t, const char *authority,
+                           const char *body, size_t body_len, int has_body)
+{
+    struct buf r = { 0 };
+    buf_str(&r, t->method);
     buf_str(&r, " ");
-    if (!path) buf_str(&r, "/");
-    const char *target = path ? path : query;
-    buf_add(&r, target, strcspn(target, "#")); /* the fragment is not sent */
+    buf_str(&r, t->path);
     buf_str(&r, " HTTP/1.1\r\n");
-    if (!user_host) {
+    if (!u.host) {
         buf_str(&r, "Host: ");
         buf_str(&r, authority);
         buf_str(&r, "\r\n");
@@ -227,29 +257,42 @@ static void build_request(struct config *cfg, const char *authority, const char 
         buf_str(&r, cfg->headers[i]);
         buf_str(&r, "\r\n");
     }
-    if (has_body && !user_length) {
+    if (has_body && !u.length) {
         char cl[48];
         snprintf(cl, sizeof cl, "Content-Length: %zu\r\n", body_len);
         buf_str(&r, cl);
     }
-    if (!cfg->keepalive && !user_connection) buf_str(&r, "Connection: close\r\n");
+    if (!cfg->keepalive && !u.connection) buf_str(&r, "Connection: close\r\n");
     buf_str(&r, "\r\n");
     if (body_len) buf_add(&r, body, body_len);
-    cfg->request_len = r.len;
-    cfg->body_len = body_len;
+    t->request = r.p;
+    t->request_len = r.len;
 
     struct buf batch = { 0 };
     for (uint64_t i = 0; i < cfg->pipeline; i++) buf_add(&batch, r.p, r.len);
-    cfg->batch = batch.p;
-    cfg->batch_len = batch.len;
-    free(r.p);
+    t->batch = batch.p;
+    t->batch_len = batch.len;
+}
+
+/* Without --target: the URL's path (or "/" and its query), fragment dropped. */
+static void add_url_target(struct config *cfg, const char *path, const char *query)
+{
+    struct buf p = { 0 };
+    if (!path) buf_str(&p, "/");
+    const char *target = path ? path : query;
+    buf_add(&p, target, strcspn(target, "#")); /* the fragment is not sent */
+    p.p[p.len] = '\0';
+    char err[64];
+    if (mix_add_raw(&cfg->mix, cfg->method, p.p, err, sizeof err)) die("%s", err);
+    free(p.p);
 }
 
 static void parse_args(struct config *cfg, int argc, char **argv)
 {
     const char *body = NULL, *body_file = NULL;
     size_t body_len = 0;
-    int c, no_keepalive = 0;
+    int c, no_keepalive = 0, method_given = 0;
+    char err[1024];
 
     memset(cfg, 0, sizeof *cfg);
     cfg->threads = DEFAULT_THREADS;
@@ -259,6 +302,7 @@ static void parse_args(struct config *cfg, int argc, char **argv)
     cfg->pipeline = 1;
     cfg->keepalive = 1;
     cfg->method = "GET";
+    cfg->seed = DEFAULT_SEED;
     cfg->headers = calloc((size_t)argc + 1, sizeof *cfg->headers);
     if (!cfg->headers) die("out of memory");
 
@@ -273,13 +317,25 @@ static void parse_args(struct config *cfg, int argc, char **argv)
         case 'L':
         case OPT_LATENCY: cfg->latency = 1; break;
         case 'P': cfg->socket_path = optarg; break;
-        case 'm': cfg->method = optarg; break;
+        case 'm':
+            cfg->method = optarg;
+            method_given = 1;
+            break;
         case 'R': cfg->rate = metric_arg("rate", optarg, 1); break;
         case OPT_PIPELINE: cfg->pipeline = metric_arg("pipeline depth", optarg, 1); break;
         case OPT_NO_KEEPALIVE: no_keepalive = 1; break;
         case OPT_BODY: body = optarg; body_file = NULL; break;
         case OPT_BODY_FILE: body_file = optarg; body = NULL; break;
         case OPT_JSON: cfg->json_path = optarg; break;
+        case OPT_TARGET: /* two values: 'METHOD PATH' in optarg, the weight next */
+            if (optind >= argc) die("--target needs two values: 'METHOD PATH' and a weight, e.g. --target 'GET /fast' 95");
+            if (mix_add(&cfg->mix, optarg, argv[optind++], err, sizeof err)) die("%s", err);
+            break;
+        case OPT_TARGETS:
+            if (mix_load_file(&cfg->mix, optarg, err, sizeof err)) die("%s", err);
+            break;
+        case OPT_TARGET_PER_CONNECTION: cfg->per_connection = 1; break;
+        case OPT_SEED: cfg->seed = seed_arg(optarg); break;
         case 's': die("Lua scripts (-s/--script) are not supported; see --help for --method, --body, -H");
         case 'v':
             printf("blackbuck-load %s [%s] HTTP/1.1 load generator (wrk-compatible)\n", VERSION, poller_name());
@@ -303,9 +359,12 @@ static void parse_args(struct config *cfg, int argc, char **argv)
     if (cfg->rate && cfg->rate < cfg->threads) die("rate must be >= threads");
     if (!cfg->method[0] || strpbrk(cfg->method, " \t\r\n")) die("invalid method: '%s'", cfg->method);
     if (no_keepalive) cfg->keepalive = 0;
-    cfg->head = !strcasecmp(cfg->method, "HEAD");
+    if (cfg->mix.given && method_given)
+        die("-m/--method cannot be combined with --target/--targets (each target names its method)");
+    if (!cfg->mix.given && cfg->per_connection) die("--target-per-connection needs --target or --targets");
+    if (cfg->per_connection && mix_split(&cfg->mix, cfg->connections, err, sizeof err)) die("%s", err);
 
-    char host[MAX_URL_PART], port[16], authority[MAX_URL_PART], err[256];
+    char host[MAX_URL_PART], port[16], authority[MAX_URL_PART];
     const char *path;
     parse_url(cfg->url, host, port, authority, &path);
     const char *query = cfg->url + 7 + strlen(authority);
@@ -314,7 +373,10 @@ static void parse_args(struct config *cfg, int argc, char **argv)
     char *body_buf = NULL;
     if (body_file) body = body_buf = read_file(body_file, &body_len);
     else if (body) body_len = strlen(body);
-    build_request(cfg, authority, path, query, body, body_len, body != NULL);
+    if (!cfg->mix.given) add_url_target(cfg, path, query);
+    struct user_headers u = check_headers(cfg);
+    for (size_t i = 0; i < cfg->mix.n; i++) render_request(cfg, u, &cfg->mix.targets[i], authority, body, body_len, body != NULL);
+    cfg->body_len = body_len;
     free(body_buf);
     if (!cfg->keepalive && cfg->pipeline > 1) die("--pipeline needs keep-alive connections");
 
@@ -346,6 +408,16 @@ static void on_sigint(int sig)
 {
     (void)sig;
     worker_request_stop();
+}
+
+static void errors_add(struct errors *sum, const struct errors *e)
+{
+    sum->connect += e->connect;
+    sum->read += e->read;
+    sum->write += e->write;
+    sum->timeout += e->timeout;
+    sum->status += e->status;
+    sum->connect_retry += e->connect_retry;
 }
 
 static double tv_s(struct timeval tv) { return tv.tv_sec + tv.tv_usec / 1e6; }
@@ -384,26 +456,33 @@ int main(int argc, char **argv)
     r.latency = hist_new();
     r.connect = hist_new();
     r.rps = hist_new();
-    if (!r.latency || !r.connect || !r.rps) die("out of memory");
+    r.ntargets = cfg.mix.n;
+    r.targets = calloc(r.ntargets, sizeof *r.targets);
+    if (!r.latency || !r.connect || !r.rps || !r.targets) die("out of memory");
+    for (size_t k = 0; k < r.ntargets; k++)
+        if (!(r.targets[k].latency = hist_new())) die("out of memory");
     for (uint64_t i = 0; i < cfg.threads; i++) {
         struct worker *w = &workers[i];
         pthread_join(w->tid, NULL);
         r.complete += w->complete;
         r.bytes += w->bytes;
         r.reconnects += w->reconnects;
-        r.errors.connect += w->errors.connect;
-        r.errors.read += w->errors.read;
-        r.errors.write += w->errors.write;
-        r.errors.timeout += w->errors.timeout;
-        r.errors.status += w->errors.status;
-        r.errors.connect_retry += w->errors.connect_retry;
         for (int s = 0; s < 600; s++) r.status_counts[s] += w->status_counts[s];
-        hist_merge(r.latency, w->latency);
+        for (size_t k = 0; k < r.ntargets; k++) {
+            r.targets[k].complete += w->stats[k].complete;
+            errors_add(&r.targets[k].errors, &w->stats[k].errors);
+            hist_merge(r.targets[k].latency, w->stats[k].latency);
+        }
         hist_merge(r.connect, w->connect);
         hist_merge(r.rps, w->rps);
         r.sent += w->sent;
         r.late += w->late;
         r.dropped += w->dropped;
+    }
+    /* the run's errors and latency are its targets' together */
+    for (size_t k = 0; k < r.ntargets; k++) {
+        errors_add(&r.errors, &r.targets[k].errors);
+        hist_merge(r.latency, r.targets[k].latency);
     }
     r.runtime_us = (now_ns() - start) / 1000;
     getrusage(RUSAGE_SELF, &ru1);
@@ -424,7 +503,9 @@ int main(int argc, char **argv)
     hist_free(r.latency);
     hist_free(r.connect);
     hist_free(r.rps);
-    free(cfg.batch);
+    for (size_t k = 0; k < r.ntargets; k++) hist_free(r.targets[k].latency);
+    free(r.targets);
+    mix_free(&cfg.mix);
     free(cfg.headers);
     return rc;
 }

@@ -36,6 +36,8 @@ void resp_init(struct resp_parser *p, int head_request)
     reset(p);
 }
 
+void resp_set_head(struct resp_parser *p, int head_request) { p->head_request = head_request; }
+
 int resp_keep_alive(const struct resp_parser *p)
 {
     if (p->flags & (RPF_EOF_BODY | RPF_CLOSE) || p->status == 101) return 0;

@@ -32,6 +32,9 @@ struct resp_parser {
 };
 
 void resp_init(struct resp_parser *p, int head_request);
+/* Between two responses: is the next one the answer to a HEAD request?
+ * (Pipelined requests may mix methods.) */
+void resp_set_head(struct resp_parser *p, int head_request);
 
 /* Consume buf[0..len). Returns the bytes consumed and sets *ev:
  * RP_DONE  - a response ended exactly at the returned offset (feed the rest

@@ -49,6 +49,36 @@ static void print_distribution(FILE *out, const char *title, const struct hist *
     fprintf(out, "\n");
 }
 
+/* --target: one line per target after wrk's report (README.md, "Output"). The
+ * first column is as wide as the longest "METHOD PATH"; numbers are right-
+ * aligned, latencies in wrk's units with the unit in a gutter as above. */
+static void print_targets(FILE *out, const struct results *r, const struct mix *m)
+{
+    int width = (int)strlen("Per target");
+    for (size_t k = 0; k < m->n; k++) {
+        int len = (int)(strlen(m->targets[k].method) + 1 + strlen(m->targets[k].path));
+        if (len > width) width = len;
+    }
+    fprintf(out, "  %-*s %10s %7s%10s%10s%10s%10s%10s %9s %9s\n", width, "Per target", "Requests", "Share", "Avg", "p50",
+            "p90", "p99", "Max", "Non-2xx", "Errors");
+    uint64_t total = 0;
+    for (size_t k = 0; k < r->ntargets; k++) total += r->targets[k].complete;
+    for (size_t k = 0; k < m->n && k < r->ntargets; k++) {
+        const struct mix_target *t = &m->targets[k];
+        const struct target_stats *ts = &r->targets[k];
+        const struct errors *e = &ts->errors;
+        int len = (int)(strlen(t->method) + 1 + strlen(t->path));
+        fprintf(out, "  %s %s%*s %10" PRIu64 " %6.1Lf%%", t->method, t->path, width - len, "", ts->complete,
+                total ? ts->complete * 100.0L / total : 0.0L);
+        print_units(out, hist_mean(ts->latency), units_time_us, 10);
+        print_units(out, (long double)hist_percentile(ts->latency, 50), units_time_us, 10);
+        print_units(out, (long double)hist_percentile(ts->latency, 90), units_time_us, 10);
+        print_units(out, (long double)hist_percentile(ts->latency, 99), units_time_us, 10);
+        print_units(out, (long double)ts->latency->max, units_time_us, 10);
+        fprintf(out, " %9" PRIu64 " %9" PRIu64 "\n", e->status, e->connect + e->read + e->write + e->timeout);
+    }
+}
+
 void report_banner(FILE *out, const struct config *cfg)
 {
     char d[UNITS_BUF];
@@ -85,4 +115,5 @@ void report_text(FILE *out, const struct config *cfg, const struct results *r)
                 cfg->rate, r->sent, r->late, r->dropped);
     fprintf(out, "Requests/sec: %9.2Lf\n", r->complete / runtime_s);
     fprintf(out, "Transfer/sec: %10sB\n", units_binary(a, sizeof a, r->bytes / runtime_s));
+    if (cfg->mix.given) print_targets(out, r, &cfg->mix);
 }

@@ -16,11 +16,13 @@ struct results {
     double cpu_user_s, cpu_system_s;
     const struct worker *workers;
     uint64_t nworkers;
+    struct target_stats *targets; /* one per cfg->mix target, merged over threads */
+    size_t ntargets;
 };
 
 /* "Running 10s test @ URL" and "  N threads and M connections", as wrk. */
 void report_banner(FILE *out, const struct config *cfg);
-/* The rest of wrk's report, plus our --latency and -R extras. */
+/* The rest of wrk's report, plus our --latency, -R and --target extras. */
 void report_text(FILE *out, const struct config *cfg, const struct results *r);
 /* Machine-readable results; returns -1 (errno set) when the file can't be written. */
 int report_json(const char *path, const struct config *cfg, const struct results *r);

@@ -13,6 +13,7 @@
 #include "worker.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,12 @@
 #ifdef __linux__
 #include <sys/timerfd.h>
 #define HAVE_TIMERFD 1 /* -R: sub-millisecond wake-ups for send slots */
+#endif
+
+#ifdef IOV_MAX
+#define WRITE_IOV_MAX IOV_MAX /* iovecs per sendmsg() */
+#else
+#define WRITE_IOV_MAX 16      /* _XOPEN_IOV_MAX, the least POSIX allows */
 #endif
 
 #ifndef MSG_NOSIGNAL
@@ -45,7 +52,12 @@ struct conn {
     int in_idle;             /* on w->idle */
     int resend;              /* lost a request to an idle close: send it again */
     uint64_t resend_origin;
-    size_t written;          /* bytes of cfg->batch written */
+    size_t written;          /* bytes of the batch written */
+    unsigned char *classes;  /* cfg->pipeline target indexes: the batch in flight, or the next one */
+    int drawn;               /* classes[] already hold the next batch (chosen at connect, or a resend) */
+    struct iovec *iov;       /* the batch; iov[iov_pos..niov) is still to be written */
+    int niov, iov_pos;
+    struct iovec one;        /* iov when the batch is one buffer (one target per batch) */
     uint64_t inflight;       /* responses still expected */
     uint64_t origin_ns;      /* latency origin: send time, or the -R slot */
     uint64_t connect_ns;
@@ -67,6 +79,27 @@ uint64_t now_ns(void)
 
 static void conn_open(struct conn *c, uint64_t now);
 static void conn_send(struct conn *c, uint64_t now, uint64_t origin);
+
+/* With more than one target and no pinning: choose the next batch's targets,
+ * unless they are already chosen. No formatting: each target's request was
+ * serialised before the run. */
+static void draw(struct conn *c)
+{
+    struct worker *w = c->w;
+    if (!w->pick || c->drawn) return;
+    for (uint64_t k = 0; k < w->cfg->pipeline; k++) c->classes[k] = (unsigned char)mix_pick(&w->cfg->mix, &w->rng);
+    c->drawn = 1;
+}
+
+/* The target whose counters the connection's news belongs to: the response
+ * being read, or else the batch about to be sent. */
+static struct target_stats *conn_stats(const struct conn *c)
+{
+    uint64_t k = c->inflight ? c->w->cfg->pipeline - c->inflight : 0;
+    return &c->w->stats[c->classes[k]];
+}
+
+static struct errors *conn_errors(const struct conn *c) { return &conn_stats(c)->errors; }
 
 static void set_events(struct conn *c, unsigned events)
 {
@@ -149,18 +182,19 @@ static void conn_open(struct conn *c, uint64_t now)
     c->written = 0;
     c->inflight = 0;
     c->connect_ns = now;
-    resp_init(&c->parser, w->cfg->head);
+    draw(c); /* now, so that a failed connect counts against the request it was for */
+    resp_init(&c->parser, 0); /* conn_send says whether HEAD */
     int r = t->transport->open(t, &fd);
     c->fd = fd;
     if (r == NET_RETRY || r == NET_ERROR) {
-        if (r == NET_RETRY) w->errors.connect_retry++;
-        else w->errors.connect++;
+        if (r == NET_RETRY) conn_errors(c)->connect_retry++;
+        else conn_errors(c)->connect++;
         conn_backoff(c, now);
         return;
     }
     unsigned events = r == NET_PENDING ? PL_OUT : PL_IN;
     if (poller_add(w->poller, fd, events, c) < 0) {
-        w->errors.connect++;
+        conn_errors(c)->connect++;
         conn_backoff(c, now);
         return;
     }
@@ -173,42 +207,89 @@ static void conn_open(struct conn *c, uint64_t now)
     conn_connected(c, now);
 }
 
+/* Write what is left of the batch: one send() when it is one buffer (the
+ * common case), sendmsg() over the chosen requests when pipelined requests
+ * each chose their own target. */
 static void conn_write(struct conn *c)
 {
-    const struct config *cfg = c->w->cfg;
-    ssize_t n = send(c->fd, cfg->batch + c->written, cfg->batch_len - c->written, MSG_NOSIGNAL);
-    if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+    for (;;) {
+        struct iovec *v = c->iov + c->iov_pos;
+        int given = c->niov - c->iov_pos;
+        ssize_t n;
+        if (given == 1) {
+            n = send(c->fd, v->iov_base, v->iov_len, MSG_NOSIGNAL);
+        } else {
+            struct msghdr mh;
+            memset(&mh, 0, sizeof mh);
+            if (given > WRITE_IOV_MAX) given = WRITE_IOV_MAX;
+            mh.msg_iov = v;
+            mh.msg_iovlen = (size_t)given;
+            n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        }
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+                set_events(c, PL_IN | PL_OUT);
+                return;
+            }
+            /* A reused connection the server already closed: the keep-alive race,
+             * not a failure. Resend the same requests on a fresh connection. */
+            if (c->reused && c->written == 0 && (errno == EPIPE || errno == ECONNRESET)) {
+                c->resend = 1;
+                c->drawn = 1;
+                c->resend_origin = c->origin_ns;
+                c->w->reconnects++;
+                conn_replace(c, now_ns());
+                return;
+            }
+            conn_fail(c, &conn_errors(c)->write);
+            return;
+        }
+        c->written += (size_t)n;
+        int end = c->iov_pos + given;
+        for (size_t left = (size_t)n; left > 0;) {
+            struct iovec *x = &c->iov[c->iov_pos];
+            if (left >= x->iov_len) {
+                left -= x->iov_len;
+                c->iov_pos++;
+            } else {
+                x->iov_base = (char *)x->iov_base + left;
+                x->iov_len -= left;
+                left = 0;
+            }
+        }
+        if (c->iov_pos == c->niov) {
+            c->state = ST_READING;
+            set_events(c, PL_IN);
+            return;
+        }
+        if (c->iov_pos < end) { /* a short write: the socket buffer is full */
             set_events(c, PL_IN | PL_OUT);
             return;
         }
-        /* A reused connection the server already closed: the keep-alive race,
-         * not a failure. Resend on a fresh connection. */
-        if (c->reused && c->written == 0 && (errno == EPIPE || errno == ECONNRESET)) {
-            c->resend = 1;
-            c->resend_origin = c->origin_ns;
-            c->w->reconnects++;
-            conn_replace(c, now_ns());
-            return;
-        }
-        conn_fail(c, &c->w->errors.write);
-        return;
-    }
-    c->written += (size_t)n;
-    if (c->written == cfg->batch_len) {
-        c->state = ST_READING;
-        set_events(c, PL_IN);
-    } else {
-        set_events(c, PL_IN | PL_OUT);
     }
 }
 
 static void conn_send(struct conn *c, uint64_t now, uint64_t origin)
 {
+    const struct config *cfg = c->w->cfg;
+    const struct mix_target *t = cfg->mix.targets;
+    draw(c);
+    c->drawn = 0;
+    if (c->niov == 1) {
+        c->one.iov_base = t[c->classes[0]].batch;
+        c->one.iov_len = t[c->classes[0]].batch_len;
+    } else {
+        for (int k = 0; k < c->niov; k++) {
+            c->iov[k].iov_base = t[c->classes[k]].request;
+            c->iov[k].iov_len = t[c->classes[k]].request_len;
+        }
+    }
+    c->iov_pos = 0;
+    resp_set_head(&c->parser, t[c->classes[0]].head);
     c->origin_ns = origin;
     c->written = 0;
-    c->inflight = c->w->cfg->pipeline;
-    c->deadline_ns = now + c->w->cfg->timeout_us * 1000;
+    c->inflight = cfg->pipeline;
+    c->deadline_ns = now + cfg->timeout_us * 1000;
     c->state = ST_WRITING;
     conn_write(c);
 }
@@ -217,15 +298,19 @@ static void conn_send(struct conn *c, uint64_t now, uint64_t origin)
 static int on_response(struct conn *c, uint64_t now, int at_eof)
 {
     struct worker *w = c->w;
+    struct target_stats *ts = conn_stats(c);
     int status = c->parser.status;
     uint64_t gen = c->gen;
     w->complete++;
     w->interval_requests++;
     w->status_counts[status >= 100 && status < 600 ? status : 0]++;
-    if (status < 200 || status > 399) w->errors.status++;
-    hist_record(w->latency, (now - c->origin_ns) / 1000);
+    ts->complete++;
+    if (status < 200 || status > 399) ts->errors.status++;
+    hist_record(ts->latency, (now - c->origin_ns) / 1000);
     c->reused = 1;
     c->inflight--;
+    if (c->inflight) /* the next pipelined response answers classes[pipeline - inflight] */
+        resp_set_head(&c->parser, w->cfg->mix.targets[c->classes[w->cfg->pipeline - c->inflight]].head);
     int server_keeps = resp_keep_alive(&c->parser);
     if (at_eof) return 0;
     if (!server_keeps || !w->cfg->keepalive) {
@@ -262,12 +347,13 @@ static void on_eof(struct conn *c)
         /* Server closed a keep-alive connection before answering: resend. */
         if (c->inflight) {
             c->resend = 1;
+            c->drawn = 1; /* the same requests again */
             c->resend_origin = c->origin_ns;
         }
         w->reconnects++;
         conn_replace(c, now);
     } else {
-        conn_fail(c, &w->errors.read);
+        conn_fail(c, &conn_errors(c)->read);
     }
 }
 
@@ -293,7 +379,7 @@ static void on_readable(struct conn *c)
             on_eof(c);
             return;
         }
-        conn_fail(c, &w->errors.read);
+        conn_fail(c, &conn_errors(c)->read);
         return;
     }
     w->bytes += (uint64_t)n;
@@ -302,12 +388,12 @@ static void on_readable(struct conn *c)
     while (off < (size_t)n) {
         int ev;
         if (c->inflight == 0) { /* bytes nobody asked for */
-            conn_fail(c, &w->errors.read);
+            conn_fail(c, &conn_errors(c)->read);
             return;
         }
         off += resp_feed(&c->parser, buf + off, (size_t)n - off, &ev);
         if (ev == RP_ERROR) {
-            conn_fail(c, &w->errors.read);
+            conn_fail(c, &conn_errors(c)->read);
             return;
         }
         if (ev == RP_DONE && !on_response(c, now_ns(), 0)) return;
@@ -326,8 +412,8 @@ static void on_event(struct conn *c, unsigned events)
             set_events(c, PL_IN);
             conn_connected(c, now);
         } else {
-            if (r == NET_RETRY) w->errors.connect_retry++;
-            else w->errors.connect++;
+            if (r == NET_RETRY) conn_errors(c)->connect_retry++;
+            else conn_errors(c)->connect++;
             conn_backoff(c, now);
         }
         return;
@@ -373,7 +459,7 @@ static void scan_timers(struct worker *w, uint64_t now)
             if (c->state == ST_DRAINING) {
                 w->reconnects++;
             } else {
-                w->errors.timeout++;
+                conn_errors(c)->timeout++;
             }
             conn_replace(c, now);
         }
@@ -476,14 +562,31 @@ int worker_init(struct worker *w, const struct config *cfg, int id, uint64_t nco
     w->conns = calloc(nconns, sizeof *w->conns);
     w->idle = calloc(nconns, sizeof *w->idle);
     w->rbuf = malloc(RECVBUF);
-    w->latency = hist_new();
     w->connect = hist_new();
     w->rps = hist_new();
     w->poller = poller_new((int)nconns);
-    if (!w->conns || !w->idle || !w->rbuf || !w->latency || !w->connect || !w->rps || !w->poller) return -1;
+    w->stats = calloc(cfg->mix.n, sizeof *w->stats);
+    w->pick = cfg->mix.n > 1 && !cfg->per_connection;
+    w->rng = mix_rng_seed(cfg->seed, (uint64_t)id);
+    w->classes = calloc(nconns * cfg->pipeline, 1);
+    if (w->pick && cfg->pipeline > 1) w->iovs = calloc(nconns * cfg->pipeline, sizeof *w->iovs);
+    if (!w->conns || !w->idle || !w->rbuf || !w->connect || !w->rps || !w->poller || !w->stats || !w->classes ||
+        (w->pick && cfg->pipeline > 1 && !w->iovs))
+        return -1;
+    for (size_t k = 0; k < cfg->mix.n; k++)
+        if (!(w->stats[k].latency = hist_new())) return -1;
     for (uint64_t i = 0; i < nconns; i++) {
-        w->conns[i].w = w;
-        w->conns[i].fd = -1;
+        struct conn *c = &w->conns[i];
+        c->w = w;
+        c->fd = -1;
+        c->classes = w->classes + i * cfg->pipeline;
+        c->iov = w->iovs ? w->iovs + i * cfg->pipeline : &c->one;
+        c->niov = w->iovs ? (int)cfg->pipeline : 1;
+        if (cfg->per_connection) {
+            /* main deals connections to threads round robin: this is number i * threads + id */
+            size_t t = mix_connection_target(&cfg->mix, i * cfg->threads + (uint64_t)id);
+            memset(c->classes, (int)t, cfg->pipeline);
+        }
     }
     if (rate) {
         w->rate_interval_ns = 1000000000ULL / rate;
@@ -499,7 +602,11 @@ void worker_free(struct worker *w)
     free(w->conns);
     free(w->idle);
     free(w->rbuf);
-    hist_free(w->latency);
+    if (w->stats)
+        for (size_t k = 0; k < w->cfg->mix.n; k++) hist_free(w->stats[k].latency);
+    free(w->stats);
+    free(w->classes);
+    free(w->iovs);
     hist_free(w->connect);
     hist_free(w->rps);
     poller_free(w->poller);

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "config.h"
 #include "hist.h"
@@ -19,6 +20,15 @@
 struct errors {
     uint64_t connect, read, write, timeout, status;
     uint64_t connect_retry; /* EAGAIN from a UNIX connect (backlog full), retried */
+};
+
+/* What happened to one target's requests (per thread; merged by main). Every
+ * request, response and error belongs to exactly one target, so the sums over
+ * targets are the run's totals. */
+struct target_stats {
+    uint64_t complete;
+    struct errors errors;  /* errors.status: final responses outside 200..399 */
+    struct hist *latency;  /* microseconds */
 };
 
 struct conn;
@@ -36,9 +46,8 @@ struct worker {
     uint64_t complete, bytes;
     uint64_t interval_requests, interval_start_ns; /* for Req/Sec samples */
     uint64_t reconnects;  /* connections replaced after a clean close */
-    struct errors errors;
     uint64_t status_counts[600]; /* [0] = anything outside 100..599 */
-    struct hist *latency;  /* microseconds */
+    struct target_stats *stats;  /* one per cfg->mix target: requests, errors, latency */
     struct hist *connect;  /* microseconds, connect() to writable */
     struct hist *rps;      /* Req/Sec samples */
 
@@ -48,6 +57,13 @@ struct worker {
     struct conn **idle;
     uint64_t nidle;
     uint64_t sent, late, dropped;
+
+    /* Which target each request goes to: drawn per request when `pick` (more
+     * than one target, not --target-per-connection), else fixed per connection. */
+    int pick;
+    uint64_t rng;          /* xorshift64* state, seeded from --seed and the thread number */
+    unsigned char *classes; /* cfg->pipeline target indexes per connection */
+    struct iovec *iovs;    /* cfg->pipeline per connection: only when pick && pipeline > 1 */
 
     uint64_t nbackoff; /* connections waiting to reconnect */
     int failed;        /* setup failed: message in fail_msg */

@@ -21,8 +21,14 @@ int check_failures;
     X(test_parser_header_limit)             \
     X(test_parser_large_body_skipped)      \
     X(test_parser_garbage)                 \
+    X(test_parser_head_then_get_pipelined) \
+    X(test_mix_target_option)              \
+    X(test_mix_targets_file)               \
+    X(test_mix_pick_distribution)          \
+    X(test_mix_split_largest_remainder)    \
     X(test_report_plain)                   \
-    X(test_report_latency_and_errors)
+    X(test_report_latency_and_errors)      \
+    X(test_report_targets)
 
 #define DECLARE(name) void name(void);
 CASES(DECLARE)

@@ -181,6 +181,33 @@ void test_parser_consumes_exactly_one_response(void)
     CHECK(ev == RP_DONE && n + m == strlen(two));
 }
 
+/* Pipelined requests may mix methods (--target 'HEAD /x' and 'GET /x'):
+ * resp_set_head between responses says whether the next one has a body. */
+void test_parser_head_then_get_pipelined(void)
+{
+    const char *in = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"      /* answers HEAD: no body */
+                     "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello" /* answers GET */
+                     "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n";     /* answers HEAD */
+    const int head[] = { 1, 0, 1 };
+    size_t len = strlen(in);
+    for (size_t split = 0; split <= len; split++) { /* and every split of the input */
+        struct resp_parser p;
+        int ev, done = 0;
+        resp_init(&p, head[0]);
+        size_t off = 0;
+        while (off < len && done < 3) {
+            size_t end = off < split ? split : len;
+            size_t n = resp_feed(&p, in + off, end - off, &ev);
+            off += n;
+            CHECK(ev != RP_ERROR);
+            if (ev == RP_ERROR) return;
+            if (ev == RP_DONE && ++done < 3) resp_set_head(&p, head[done]);
+        }
+        CHECK(done == 3 && off == len);
+        if (check_failures) return;
+    }
+}
+
 void test_parser_header_limit(void)
 {
     size_t len = RP_MAX_HEAD + 100;

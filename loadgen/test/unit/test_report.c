@@ -97,3 +97,55 @@ void test_report_latency_and_errors(void)
               "Transfer/sec:     43.95KB\n");
     release(&r);
 }
+
+/* --target: wrk's report unchanged, then one line per target. Widths by hand:
+ * the first column is as wide as the longest "METHOD PATH" (14 here), then
+ * " %10s" requests, " %6.1f%%" share, five 10-wide latencies (wrk's
+ * print_units) and " %9s" twice. */
+void test_report_targets(void)
+{
+    struct config cfg;
+    struct results r;
+    fill(&cfg, &r);
+    char err[256];
+    CHECK(mix_add(&cfg.mix, "GET /fast", "95", err, sizeof err) == 0);
+    CHECK(mix_add(&cfg.mix, "POST /slow?x=1", "5", err, sizeof err) == 0);
+    struct target_stats ts[2];
+    memset(ts, 0, sizeof ts);
+    ts[0].latency = hist_new();
+    ts[1].latency = hist_new();
+    hist_record(ts[0].latency, 1000);
+    hist_record(ts[0].latency, 2000);
+    hist_record(ts[0].latency, 3000);
+    ts[0].complete = 3;
+    hist_record(ts[1].latency, 300000);
+    ts[1].complete = 1;
+    ts[1].errors.status = 1;
+    ts[1].errors.connect = 1;
+    ts[1].errors.timeout = 2;
+    ts[1].errors.connect_retry = 7; /* not a socket error: not in the Errors column */
+    r.targets = ts;
+    r.ntargets = 2;
+    CHECK_STR(render(&cfg, &r),
+              "Running 10s test @ http://127.0.0.1:8080/\n"
+              "  1 threads and 2 connections\n"
+              "  Thread Stats   Avg      Stdev     Max   +/- Stdev\n"
+              "    Latency     2.00ms    1.00ms   3.00ms  100.00%\n"
+              "    Req/Sec    57.64k     4.04k   61.68k   100.00%\n"
+              "  300 requests in 1.00s, 43.95KB read\n"
+              "Requests/sec:    300.00\n"
+              "Transfer/sec:     43.95KB\n"
+              "  Per target" "    " " " "  Requests" " " "  Share" "       Avg" "       p50" "       p90" "       p99"
+              "       Max" " " "  Non-2xx" " " "   Errors" "\n"
+              "  GET /fast" "     " " " "         3" " " "  75.0%" "    2.00ms" "    2.00ms" "    3.00ms" "    3.00ms"
+              "    3.00ms" " " "        0" " " "        0" "\n"
+              "  POST /slow?x=1" " " "         1" " " "  25.0%" "  300.00ms" "  300.00ms" "  300.00ms" "  300.00ms"
+              "  300.00ms" " " "        1" " " "        3" "\n");
+    /* the same results without --target: not a byte more than wrk's report */
+    cfg.mix.given = 0;
+    CHECK(strstr(render(&cfg, &r), "Per target") == NULL);
+    hist_free(ts[0].latency);
+    hist_free(ts[1].latency);
+    mix_free(&cfg.mix);
+    release(&r);
+}
