@@ -158,8 +158,10 @@ module BlackbuckBench
     end
 
     # The "targets" array of --target runs: { "method", "path", "weight", "connections",
-    # "requests", "errors" {connect read write timeout ...}, "non_2xx_3xx", "latency_us" {"mean",
-    # "stdev", "min", "max", "p50", "p75", "p90", "p99", "p999"} } => { path => class result }.
+    # "requests", "errors" {connect read write timeout status connect_retry}, "non_2xx_3xx",
+    # "latency_us" } => { path => class result }. latency_us has the run's own shape ("min",
+    # "mean", "max", "percentiles" {"50", "99", ...}, in µs); flat "p50"/"p99" keys are read too.
+    # errors.status is non_2xx_3xx again: counted once.
     TARGET_ERRORS = %w[connect read write timeout].freeze
 
     def parse_targets(targets, runtime_s)
@@ -167,7 +169,8 @@ module BlackbuckBench
 
       targets.to_h do |t|
         lat = t["latency_us"] || {}
-        ms = ->(k) { lat[k] && lat[k] / 1000.0 }
+        pct = lat["percentiles"] || {}
+        ms = ->(k) { (v = lat[k] || pct[k.delete_prefix("p")]) && v / 1000.0 }
         errors = (t["errors"] || {}).slice(*TARGET_ERRORS).values.sum(&:to_i) + t["non_2xx_3xx"].to_i
         [t["path"], { "requests" => t["requests"].to_i, "connections" => t["connections"],
                       "rps" => runtime_s.positive? ? (t["requests"].to_i / runtime_s).round(1) : nil,

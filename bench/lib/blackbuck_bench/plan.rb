@@ -8,12 +8,19 @@ module BlackbuckBench
   # against FULL_RUN_BUDGET_S.
   module Plan
     FULL_RUN_BUDGET_S = 45 * 60
-    MEASURE_OVERHEAD_S = 0.7  # tool start and exit, /proc reads, Stats::SETTLE_S
-    BOOT_S = 2.5              # one server's boot, probe and stop, on 2 busy cores (Rails: more)
-    RAILS_BOOT_S = 4.0
+    # Calibrated on the shared 2-core machine with a load average of 4 (bench:quick: 1.3 s per
+    # 1 s measurement; 20 servers booted four at a time in 27 s, ten Rails servers in 22 s).
+    MEASURE_OVERHEAD_S = 0.5  # tool start and exit, /proc reads, Stats::SETTLE_S
+    BOOT_S = 1.5              # one server's boot and probe, four at a time, and its stop
+    RAILS_BOOT_S = 3.0
     CROSSCHECK_RUNS = 8       # 4 runs (main, other, main, other) x 2 transports
 
-    Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true)
+    # yjit_cells: the cells the +yjit twins run (all of them, but only the first in --quick)
+    Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true) do
+      def cells_for(server) = server.end_with?("+yjit") && quick ? cells.first(1) : cells
+
+      attr_accessor :quick
+    end
 
     module_function
 
@@ -28,8 +35,10 @@ module BlackbuckBench
       end
       duration = w.duration || opts[:duration]
       duration = [duration, opts[:duration]].min if opts[:quick]
-      Step.new(workload: w, servers: servers_for(w, opts), cells: cells, workers: w.workers || opts[:workers],
-               connections: w.connections || opts[:connections], duration: duration)
+      step = Step.new(workload: w, servers: servers_for(w, opts), cells: cells, workers: w.workers || opts[:workers],
+                      connections: w.connections || opts[:connections], duration: duration)
+      step.quick = opts[:quick] && !opts[:servers_given]
+      step
     end
 
     # nginx `return 200` only where it serves the same bytes (the ceiling); the +yjit twins only
@@ -37,6 +46,7 @@ module BlackbuckBench
     def servers_for(w, opts)
       opts[:servers].select do |name|
         r = Servers.fetch(name)
+        next false if opts[:quick] && !opts[:servers_given] && w.quick_servers && !w.quick_servers.include?(name)
         next w.ceiling && !w.front if !r.ruby?
         next true if opts[:servers_given] || !r.yjit?
 
@@ -47,8 +57,9 @@ module BlackbuckBench
     # => { cells:, measurements:, boots:, seconds: }; absent servers (present: false) cost nothing
     def estimate(steps, opts, present: ->(name) { Servers.fetch(name).absent_reason.nil? })
       n = steps.to_h { |s| [s, s.servers.count(&present)] }
-      cells = steps.sum { |s| n[s] * s.cells.size }
-      measuring = steps.sum { |s| n[s] * s.cells.size * opts[:repeat] * (s.duration + MEASURE_OVERHEAD_S) }
+      cells_of = ->(s) { s.servers.select(&present).sum { |name| s.cells_for(name).size } }
+      cells = steps.sum(&cells_of)
+      measuring = steps.sum { |s| cells_of.call(s) * opts[:repeat] * (s.duration + MEASURE_OVERHEAD_S) }
       boots = steps.sum { |s| n[s] }
       booting = steps.sum { |s| n[s] * ((s.workload.rack2 ? RAILS_BOOT_S : BOOT_S) + opts[:warmup]) }
       cross = opts[:crosscheck] ? CROSSCHECK_RUNS * (opts[:duration] + MEASURE_OVERHEAD_S) : 0

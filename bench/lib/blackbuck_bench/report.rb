@@ -110,7 +110,7 @@ module BlackbuckBench
       rows.each do |r|
         RATIO_BASES.each do |label, base|
           b = index[[base, r["app"], r["transport"], r["mode"]]]
-          r["x_#{label}"] = r["rps"] && b && b["rps"]&.positive? ? (r["rps"] / b["rps"]).round(2) : nil
+          r["x_#{label}"] = r["rps"] && b && b["rps"]&.positive? ? (r["rps"].to_f / b["rps"]).round(2) : nil
         end
       end
       rows.group_by { |r| [r["app"], r["transport"], r["mode"]] }.each_value { |cell| best_peer_ratios(cell) }
@@ -131,12 +131,12 @@ module BlackbuckBench
       fast = peers.select { |r| r.dig("classes", "fast", "p99_ms")&.positive? }.min_by { |r| r.dig("classes", "fast", "p99_ms") }
       cell.each do |r|
         r["best_peer"] = best && best["server"]
-        r["x_best"] = best && r["rps"] ? (r["rps"] / best["rps"]).round(2) : nil
+        r["x_best"] = best && r["rps"] ? (r["rps"].to_f / best["rps"]).round(2) : nil
         next unless r["classes"]
 
         r["best_peer_fast_p99"] = fast && fast["server"]
         mine = r.dig("classes", "fast", "p99_ms")
-        r["fast_p99_x_best"] = fast && mine ? (mine / fast.dig("classes", "fast", "p99_ms")).round(2) : nil
+        r["fast_p99_x_best"] = fast && mine ? (mine.to_f / fast.dig("classes", "fast", "p99_ms")).round(2) : nil
       end
     end
 
@@ -215,7 +215,7 @@ module BlackbuckBench
       out << "- **Machine:** #{machine_line}; load average at start #{@machine['loadavg_at_start']}\n"
       out << "- **Command:** `#{@command}`\n"
       out << "- **Load:** #{load_line}, request timeout #{@opts[:timeout]} s, warm-up #{fmt_num(@opts[:warmup], 1)} s after boot\n"
-      out << "- **Versions:** #{@machine['versions'].map { |k, v| "#{k}: #{v}" }.join('; ')}\n\n"
+      out << "- **Versions:** #{(@machine['versions'] || {}).map { |k, v| "#{k}: #{v}" }.join('; ')}\n\n"
       out << "req/s is the median of the runs; spread = (max − min) / median. p50/p99 are medians of the runs' " \
              "percentiles (mixed: per class; max = the largest of the runs). CPU = server processes' utime+stime " \
              "(from /proc) / requests. PSS = mean per worker process (copy-on-write pages shared fairly). Busiest " \
@@ -238,7 +238,10 @@ module BlackbuckBench
         out << "#{step.workers} workers, #{step.connections} connections, #{fmt_num(step.duration, 1)} s x #{@opts[:repeat]} runs\n\n" if step
         out << (w&.mixed? ? mixed_table(rows) : plain_table(rows))
         bests = rows.map { |r| [r["transport"], r["mode"], r["best_peer"]] }.uniq.select(&:last)
-        out << "\nBest peer: #{bests.map { |t, m, b| "#{t} #{MODE_LABEL[m]} #{b}" }.join('; ')}.\n" if bests.any?
+        out << "\nBest peer by req/s: #{bests.map { |t, m, b| "#{t} #{MODE_LABEL[m]} #{b}" }.join('; ')}." if bests.any?
+        fast = rows.map { |r| r["best_peer_fast_p99"] }.compact.uniq
+        out << " Best peer by the fast class's p99: #{fast.join(', ')}." if fast.any?
+        out << "\n" if bests.any? || fast.any?
         out << "\n"
       end
       out << "#{TABLES_END}\n\n"
@@ -392,6 +395,7 @@ module BlackbuckBench
                %w[unix keepalive] => "#d62728", %w[unix close] => "#ff9896" }.freeze
     LABEL = { "tcp" => "TCP 127.0.0.1", "unix" => "UNIX socket" }.freeze
     PX_PER_SERVER = 95
+    MIXED_FLOOR_MS = 0.1 # the log axis starts here; a server without a number sits on it
 
     def initialize(report)
       @report = report
@@ -456,7 +460,7 @@ module BlackbuckBench
       lines = servers.map do |s|
         r = @rows.find { |x| x["server"] == s && x["app"] == app }
         f = r&.dig("classes", "fast")
-        vals = f && f["p99_ms"] ? [f["p99_ms"], f["p50_ms"] || f["p99_ms"], f["max_ms"] || f["p99_ms"]] : [0.001, 0.001, 0.001]
+        vals = f && f["p99_ms"] ? [f["p99_ms"], f["p50_ms"] || f["p99_ms"], f["max_ms"] || f["p99_ms"]] : [MIXED_FLOOR_MS] * 3
         "\"#{label_for(s, app)}\" #{vals.join(' ')}"
       end
       "# server fast-p99 fast-p50 fast-max (ms)\n#{lines.join("\n")}\n"
@@ -481,7 +485,7 @@ module BlackbuckBench
     def mixed_panel(app, file)
       <<~GP
         set logscale y
-        set yrange [*:*]
+        set yrange [#{MIXED_FLOOR_MS}:*]
         set ylabel "fast requests' p99, ms (lower is better; whiskers p50..max)"
         set format y "%g"
         set title "#{app_title(app)}" font ",13"

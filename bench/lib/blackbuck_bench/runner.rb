@@ -22,6 +22,11 @@ module BlackbuckBench
 
   # A booted server, and the nginx in front of it when the workload has one.
   Running = Struct.new(:server, :front, :stats_dir, :workers, keyword_init: true) do
+    def terminate
+      front&.terminate
+      server.terminate
+    end
+
     def stop
       front&.stop
       server.stop
@@ -94,16 +99,23 @@ module BlackbuckBench
         booting = batch.filter_map { |name| spawn_server(name, step) }
         booting.each { |b| finish_boot(b, step) }
       end
-      @running.each_value { |r| warm_up(r, step) }
+      @running.each do |name, r|
+        warm_up(r, step)
+        # idle CPU is counted from here: boot and warm-up are not idle
+        @busy[name] = { cpu0: Procfs.cpu_seconds(r.server.pid), t0: monotonic, cpu: 0.0, seconds: 0.0 }
+      end
       @opts[:repeat].times do |rep|
         order = rep.even? ? step.servers : step.servers.reverse
         step.cells.each do |transport, mode|
-          order.each { |name| measure(name, app, transport, mode, rep) }
+          order.each do |name|
+            measure(name, app, transport, mode, rep) if step.cells_for(name).include?([transport, mode])
+          end
         end
       end
       crosscheck(step) if @opts[:crosscheck]
       @running.each { |name, r| record_idle_cpu(name, app, r.server) }
     ensure
+      @running.each_value(&:terminate)
       @running.each_value(&:stop)
       @running.clear
     end
@@ -157,7 +169,6 @@ module BlackbuckBench
       log "#{name}/#{app}: up in #{(monotonic - t0).round(1)}s (pid #{server.pid}, body framing " \
           "#{server.probe.dig('tcp', :framing)}#{running.front ? ", behind nginx pid #{running.front.pid}" : ''})"
       @running[name] = running
-      @busy[name] = { cpu0: Procfs.cpu_seconds(server.pid), t0: monotonic, cpu: 0.0, seconds: 0.0 }
     rescue ServerProcess::BootError, StandardError => e
       # StandardError too: a harness bug around one server must not end the whole run
       running&.front&.stop

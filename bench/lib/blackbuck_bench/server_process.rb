@@ -55,16 +55,24 @@ module BlackbuckBench
 
     def alive? = @pid && !reaped?(@pid)
 
+    # TERM to the master, without waiting: stop then waits. Stopping many servers, TERM them
+    # all first, so their graceful shutdowns overlap.
+    def terminate
+      return unless @pid && !@term_deadline
+
+      signal(@pid, "TERM")
+      @term_deadline = monotonic + STOP_GRACE_S
+    end
+
     def stop
       return unless @pid
 
+      terminate
       pid = @pid
       @pid = nil
-      signal(pid, "TERM")
-      deadline = monotonic + STOP_GRACE_S
       loop do
         break if reaped?(pid)
-        break signal(-pid, "KILL") if monotonic > deadline
+        break signal(-pid, "KILL") if monotonic > @term_deadline
 
         sleep 0.05
       end

@@ -110,7 +110,7 @@ module BlackbuckBench
     # Debian's puma gem version (the historical row): its /usr/bin/puma would otherwise activate
     # the newest puma on GEM_PATH, which is bench/setup's Puma 8.
     def self.debian_gem_version(name)
-      Dir["/usr/{lib,share}/**/rubygems-integration/*/specifications/#{name}-*.gemspec"]
+      Dir["/usr/{share,lib,lib/*}/rubygems-integration/*/specifications/#{name}-*.gemspec"]
         .filter_map { |f| File.basename(f, ".gemspec")[/\A#{name}-(\d[\w.]*)\z/, 1] }.max_by { |v| Gem::Version.new(v) }
     end
 

@@ -12,11 +12,15 @@ module BlackbuckBench
   #              are connection counts
   # front        "nginx": the client talks to nginx, which proxies to the server's UNIX socket
   # ceiling      nginx `return 200` runs it too (the apps whose bytes nginx can serve alone)
-  # yjit         the +yjit twins run it; quick_yjit: in --quick too
+  # yjit         the +yjit twins run it; quick_yjit: in --quick too (their first quick cell only)
+  # quick_servers  in --quick, only these servers (nil: all): workloads whose code path does not
+  #              depend on the server (the seed hello, the front, the 64 KiB body) need not boot
+  #              every server in CI
   # rack2        the app needs Rack 2.2 (Debian's Rails 6.1): peers get lib/rack2.rb first,
   #              blackbuck runs under gemfiles/rails61.gemfile
   Workload = Struct.new(:name, :app, :title, :cells, :quick_cells, :workers, :connections, :duration,
-                        :targets, :front, :ceiling, :yjit, :quick_yjit, :rack2, keyword_init: true) do
+                        :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rack2,
+                        keyword_init: true) do
     def mixed? = !targets.nil?
 
     # blackbuck-load's --target arguments and --json "targets" are keyed by path
@@ -37,6 +41,7 @@ module BlackbuckBench
                  quick_cells: [%w[tcp keepalive], %w[unix close]], ceiling: true, yjit: true, quick_yjit: true,
                  title: "hello world with Content-Length"),
     Workload.new(name: "hello", app: "hello", cells: UNIX_KA, quick_cells: UNIX_KA, ceiling: true,
+                 quick_servers: %w[blackbuck unicorn pitchfork nginx], # the three framings: length, EOF, chunked
                  title: "hello world, no Content-Length (seed app: chunked or close-delimited)"),
     Workload.new(name: "iowait", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
                  title: "10 ms wait per request (a database call), 50 keep-alive clients"),
@@ -46,11 +51,12 @@ module BlackbuckBench
                  title: "mixed: 16 clients on a 2 ms endpoint + 2 on a 300 ms one, #{MIXED_WORKERS} workers"),
     Workload.new(name: "mixed_nginx", app: "mixed", cells: UNIX_KA, quick_cells: UNIX_KA, workers: MIXED_WORKERS,
                  connections: MIXED_TARGETS.sum { |t| t["weight"] }, duration: MIXED_DURATION_S,
-                 targets: MIXED_TARGETS, front: "nginx",
+                 targets: MIXED_TARGETS, front: "nginx", quick_servers: %w[blackbuck unicorn puma8-2x3],
                  title: "mixed behind nginx (upstream keep-alive, docs/DEPLOY.md), #{MIXED_WORKERS} workers"),
     Workload.new(name: "sinatra", app: "sinatra", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true,
                  title: "Sinatra hello (Debian ruby-sinatra)"),
     Workload.new(name: "big", app: "big", cells: UNIX_KA, quick_cells: UNIX_KA, ceiling: true, yjit: true,
+                 quick_servers: %w[blackbuck unicorn puma8-2x1 iodine-2x1 itsi-2x1 nginx],
                  title: "64 KiB response"),
     Workload.new(name: "rails", app: "rails", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true, rack2: true,
                  title: "Rails 6.1 API endpoint rendering JSON (Rack 2.2)")
