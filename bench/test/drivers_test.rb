@@ -309,4 +309,24 @@ class DriversTest < Minitest::Test
     md = report.send(:markdown)
     assert_match(/\| blackbuck \| unix keep-alive \| 610 \| 604 \| 5\.00 \| 630\.00 \| 12\.0 \|/, md)
   end
+
+  def test_readme_block_gets_every_workload_table
+    opts = BlackbuckBench.parse_options(%w[--servers blackbuck,unicorn --workloads mixed,hello_length --repeat 1], env: {})
+    ms = [mixed_measurement("blackbuck", 0, 600, 630.0, 640.0, 40.0), mixed_measurement("unicorn", 0, 700, 23.0, 30.0, 26.0)]
+    ms << Measurement.new(server: "unicorn", app: "hello_length", transport: "unix", mode: "close", rep: 0, status: "ok",
+                          result: Result.new(requests: 100, rps: 9000.0, errors: 0, error_detail: {}))
+    report = Report.new(opts: opts, command: "test", machine: {}, driver: Drivers.build("wrk"), servers: {},
+                        measurements: ms, crosscheck: [], started: Time.now, finished: Time.now, plan: Plan.build(opts))
+    Dir.mktmpdir do |dir|
+      readme = File.join(dir, "README.md")
+      File.write(readme, "intro\n#{Report::README_BEGIN}\nold table\n#{Report::README_END}\nafter\n")
+      report.send(:update_readme, File.join(dir, "none.png"), readme)
+      text = File.read(readme)
+      assert_match(/\Aintro\n#{Regexp.escape(Report::README_BEGIN)}\n_Generated/, text)
+      assert_match(/### mixed — .*\| blackbuck \| unix keep-alive \| 600 \|.*### hello_length — .*\| unicorn \| unix \| conn\/request \| 9,000 \|/m, text)
+      assert text.end_with?("#{Report::README_END}\nafter\n")
+      refute_includes text, "old table"
+      refute_includes text, Report::TABLES_BEGIN, "the markers of latest.md stay out of the README"
+    end
+  end
 end
