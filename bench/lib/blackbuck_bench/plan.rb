@@ -14,6 +14,10 @@ module BlackbuckBench
     BOOT_S = 1.5              # one server's boot and probe, four at a time, and its stop
     RAILS_BOOT_S = 3.0
     CROSSCHECK_RUNS = 8       # 4 runs (main, other, main, other) x 2 transports
+    # h2load runs a request count sized from the blackbuck-load warm-up's rate; where h2load
+    # gets less (io-wait, Blackbuck: half), a measurement lasts up to twice --duration
+    DRIVER_SLACK = { "h2load" => 1.5 }.freeze
+    MIN_RATE_WARMUP_S = 0.5 # warm-up that measures a rate for h2load's request count (even in quick)
 
     # yjit_cells: the cells the +yjit twins run (all of them, but only the first in --quick)
     Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true) do
@@ -59,9 +63,14 @@ module BlackbuckBench
       n = steps.to_h { |s| [s, s.servers.count(&present)] }
       cells_of = ->(s) { s.servers.select(&present).sum { |name| s.cells_for(name).size } }
       cells = steps.sum(&cells_of)
-      measuring = steps.sum { |s| cells_of.call(s) * opts[:repeat] * (s.duration + MEASURE_OVERHEAD_S) }
+      measuring = steps.sum do |s|
+        cells_of.call(s) * opts[:repeat] * (s.duration * DRIVER_SLACK.fetch(s.workload.driver, 1) + MEASURE_OVERHEAD_S)
+      end
       boots = steps.sum { |s| n[s] }
-      booting = steps.sum { |s| n[s] * ((s.workload.rack2 ? RAILS_BOOT_S : BOOT_S) + opts[:warmup]) }
+      booting = steps.sum do |s|
+        warmup = s.workload.driver ? [opts[:warmup], MIN_RATE_WARMUP_S].max : opts[:warmup]
+        n[s] * ((s.workload.rack2 ? RAILS_BOOT_S : BOOT_S) + warmup)
+      end
       cross = opts[:crosscheck] ? CROSSCHECK_RUNS * (opts[:duration] + MEASURE_OVERHEAD_S) : 0
       { cells: cells, measurements: cells * opts[:repeat], boots: boots, seconds: (measuring + booting + cross).round }
     end

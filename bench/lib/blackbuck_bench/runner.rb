@@ -96,6 +96,15 @@ module BlackbuckBench
         targets: step.workload.targets }
     end
 
+    # The workload's own load tool, or the run's.
+    def step_driver
+      name = @step.workload.driver
+      return @driver unless name && name != @driver.name
+
+      @drivers ||= {}
+      @drivers[name] ||= Drivers.build(name)
+    end
+
     def run_step(step)
       @step = step
       app = step.workload.name
@@ -204,13 +213,16 @@ module BlackbuckBench
     end
 
     def warm_up(running, step)
-      return unless @opts[:warmup].positive? && @driver.available?
+      # a workload with its own tool (h2load) needs a measured rate to size its request count:
+      # warm it up even when --warmup is 0 (bench:quick)
+      seconds = step.workload.driver ? [@opts[:warmup], Plan::MIN_RATE_WARMUP_S].max : @opts[:warmup]
+      return unless seconds.positive? && @driver.available?
 
       transport, = step.cells.first
       entry = running.entry
       scratch = File.join(running.server.ctx.dir, "warmup")
       FileUtils.mkdir_p(scratch)
-      r = @driver.run(target_for(entry, transport), load_settings(step, @opts[:warmup]), keepalive: true, scratch: scratch)
+      r = @driver.run(target_for(entry, transport), load_settings(step, seconds), keepalive: true, scratch: scratch)
       @last_rps[running.server.recipe.name] = r.rps if r.rps.positive?
     rescue Driver::Failed, Driver::Unsupported => e
       log "#{running.server.recipe.name}: warm-up: #{e.message}"
@@ -236,7 +248,7 @@ module BlackbuckBench
         m.reason = "#{dead.first.recipe.name} exited: #{dead.first.log_tail(4)}"
         return
       end
-      measure_with(@driver, running, m)
+      measure_with(step_driver, running, m)
       log format("%-16s %-12s %-4s %-9s #%d %s", name, app, transport, mode, rep + 1, summary(m))
     end
 

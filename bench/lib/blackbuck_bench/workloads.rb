@@ -18,9 +18,11 @@ module BlackbuckBench
   #              every server in CI
   # rack2        the app needs Rack 2.2 (Debian's Rails 6.1): peers get lib/rack2.rb first,
   #              blackbuck runs under gemfiles/rails61.gemfile
+  # driver       the load tool for this workload (nil: the run's --driver); the warm-up always
+  #              uses the run's driver, so that h2load can size its request count from its rate
   Workload = Struct.new(:name, :app, :title, :cells, :quick_cells, :workers, :connections, :duration,
                         :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rack2,
-                        keyword_init: true) do
+                        :driver, keyword_init: true) do
     def mixed? = !targets.nil?
 
     # blackbuck-load's --target arguments and --json "targets" are keyed by path
@@ -45,6 +47,9 @@ module BlackbuckBench
                  title: "hello world, no Content-Length (seed app: chunked or close-delimited)"),
     Workload.new(name: "iowait", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
                  title: "10 ms wait per request (a database call), 50 keep-alive clients"),
+    Workload.new(name: "iowait_burst", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
+                 driver: "h2load", quick_servers: %w[blackbuck unicorn puma8-2x5],
+                 title: "10 ms wait per request, the 50 connections opened at once (h2load)"),
     Workload.new(name: "mixed", app: "mixed", cells: UNIX_KA, quick_cells: UNIX_KA, workers: MIXED_WORKERS,
                  connections: MIXED_TARGETS.sum { |t| t["weight"] }, duration: MIXED_DURATION_S,
                  targets: MIXED_TARGETS,
@@ -71,7 +76,7 @@ module BlackbuckBench
   # BENCH_ONLY=NAME (or --only NAME): a named subset of the full run. servers: nil = the run's.
   SUBSETS = {
     "hello" => { workloads: %w[hello_length hello] },
-    "iowait" => { workloads: %w[iowait] },
+    "iowait" => { workloads: %w[iowait iowait_burst] },
     "mixed" => { workloads: %w[mixed mixed_nginx] },
     "rails" => { workloads: %w[rails] },
     "sinatra" => { workloads: %w[sinatra] },
