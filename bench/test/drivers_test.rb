@@ -236,6 +236,12 @@ class DriversTest < Minitest::Test
     assert_equal 3, absent[:boots]
   end
 
+  def test_estimate_of_an_h2load_workload_has_slack_and_a_rate_warmup
+    opts = BlackbuckBench.parse_options(%w[--servers blackbuck --workloads iowait_burst --repeat 1 --warmup 0 --no-crosscheck], env: {})
+    est = Plan.estimate(Plan.build(opts), opts, present: all_present)
+    assert_equal (5 * 1.5 + Plan::MEASURE_OVERHEAD_S + Plan::BOOT_S + Plan::MIN_RATE_WARMUP_S).round, est[:seconds]
+  end
+
   def test_quick_runs_every_peer_and_every_workload
     opts = BlackbuckBench.parse_options(%w[--quick], env: {})
     steps = Plan.build(opts)

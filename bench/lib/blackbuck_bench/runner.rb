@@ -138,7 +138,7 @@ module BlackbuckBench
                                   "command" => nil, "probe" => {}, "failures" => {}, "runtime" => {} }
     end
 
-    # Starts one server (and no waiting): => [name, ServerProcess, Running] or nil when absent.
+    # Starts one server (and no waiting): => [name, ServerProcess, Running, spawn time] or nil.
     def spawn_server(name, step)
       recipe = Servers.fetch(name)
       info = server_info(recipe)
