@@ -114,7 +114,9 @@ class DriversTest < Minitest::Test
     assert_equal 3.0, unicorn["p99_ms"]
     assert_equal 0.25, unicorn["x_nginx"]
     assert_equal 1.0, unicorn["x_unicorn"]
-    assert_nil unicorn["x_puma"]
+    assert_equal "unicorn", unicorn["best_peer"], "nginx is the ceiling, not a peer; pitchfork is absent"
+    assert_equal 1.0, unicorn["x_best"]
+    assert_equal 4.0, report.rows.find { |r| r["server"] == "nginx" }["x_best"]
     pitchfork = report.rows.find { |r| r["server"] == "pitchfork" }
     assert_equal "absent", pitchfork["status"]
     assert_equal %w[unicorn nginx pitchfork], report.rows.map { |r| r["server"] }, "rows follow --servers order"
