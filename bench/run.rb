@@ -17,5 +17,8 @@ end
 report = BlackbuckBench::Runner.new(opts, command: command).run
 measured = report.rows.count { |r| %w[ok partial].include?(r["status"]) }
 warn "bench: #{measured}/#{report.rows.size} cells measured"
-# A missing peer never fails the run; a run that measured nothing at all does.
-exit(measured.positive? ? 0 : 1)
+# A missing peer never fails the run; a run that measured nothing at all does. In --quick (CI)
+# an installed server that failed a cell fails the run too: that is a broken recipe or workload.
+broken = report.rows.select { |r| %w[failed partial].include?(r["status"]) }
+broken.each { |r| warn "bench: FAILED #{r['server']} #{r['app']} #{r['transport']} #{r['mode']}: #{r['reason']}" }
+exit 1 if measured.zero? || (opts[:quick] && broken.any?)

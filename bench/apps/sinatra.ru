@@ -28,4 +28,6 @@ class BenchHello < Sinatra::Base
   get("/") { "hello world\n" }
 end
 
+require_relative "lib/bench_stats"
+BenchStats.wrap(self)
 run BenchHello

@@ -7,8 +7,10 @@ module BlackbuckBench
   # Load tools. Each builds a command for one cell, runs it bounded in time (killed by pid if it
   # overruns), and parses its output into one Result. Requests/s is always requests completed /
   # the tool's own measured duration.
+  # classes: per-target results of a mixed load, { path => { "requests", "rps", "p50_ms", "p99_ms",
+  # "max_ms", "errors", "connections" } } (blackbuck-load --target only).
   Result = Struct.new(:requests, :seconds, :rps, :p50_ms, :p99_ms, :errors, :error_detail,
-                      :command, :tool_cpu_us_per_req, keyword_init: true)
+                      :command, :tool_cpu_us_per_req, :classes, keyword_init: true)
 
   class Driver
     class Unsupported < StandardError; end
@@ -30,8 +32,10 @@ module BlackbuckBench
     # target: { transport: "tcp"|"unix", tcp_port:, unix_path: }; load: { threads:, connections:,
     # duration:, timeout: }; keepalive: true|false
     # expected_rps: a recent rate for this server, for tools that need a request count (h2load)
+    # load[:targets]: [{ "path", "weight" }] for a per-class load (blackbuck-load only)
     def run(target, load, keepalive:, scratch:, expected_rps: nil)
-      reason = unsupported(target[:transport], keepalive)
+      reason = unsupported(target[:transport], keepalive) ||
+               (load[:targets] && !targets? ? "#{name} cannot pin connections to targets (per-class latency)" : nil)
       raise Unsupported, reason if reason
       raise Failed, absent_reason unless available?
 
@@ -70,6 +74,9 @@ module BlackbuckBench
 
     def unsupported(_transport, _keepalive) = nil
 
+    # Can it load several targets and report each one's latency? (blackbuck-load --target)
+    def targets? = false
+
     private
 
     def children_cpu_s = Process.times.then { |t| t.cutime + t.cstime }
@@ -107,11 +114,20 @@ module BlackbuckBench
 
   # The project's load generator (loadgen/). wrk's CLI plus --unix-socket, --no-keepalive, --json.
   class BlackbuckLoad < Driver
+    SEED = 1 # --seed: the same assignment of connections to targets in every run
+
+    def targets? = true
+
     def command(target, load, keepalive, scratch)
       argv = [@path, "-t", load[:threads].to_s, "-c", load[:connections].to_s, "-d", time_arg(load[:duration]),
               "--timeout", time_arg(load[:timeout]), "--latency", "--json", File.join(scratch, "load.json")]
       argv += ["--unix-socket", target[:unix_path]] if target[:transport] == "unix"
       argv << "--no-keepalive" unless keepalive
+      if load[:targets]
+        # each connection pinned to one target, so the weights are connection counts
+        load[:targets].each { |t| argv += ["--target", "GET #{t['path']}", t["weight"].to_s] }
+        argv += ["--target-per-connection", "--seed", SEED.to_s]
+      end
       argv << url(target)
     end
 
@@ -135,9 +151,32 @@ module BlackbuckBench
       errs = (j["errors"] || {}).transform_values(&:to_i).select { |_, v| v.positive? }
       Result.new(requests: j["requests"].to_i, seconds: j["runtime_s"].to_f, rps: j["requests_per_sec"].to_f,
                  p50_ms: pct["50"] && pct["50"] / 1000.0, p99_ms: pct["99"] && pct["99"] / 1000.0,
-                 errors: errs.slice(*COUNTED_ERRORS).values.sum, error_detail: errs)
+                 errors: errs.slice(*COUNTED_ERRORS).values.sum, error_detail: errs,
+                 classes: parse_targets(j["targets"], j["runtime_s"].to_f))
     rescue JSON::ParserError
       nil
+    end
+
+    # The "targets" array of --target runs: { "method", "path", "weight", "connections",
+    # "requests", "errors" {connect read write timeout status connect_retry}, "non_2xx_3xx",
+    # "latency_us" } => { path => class result }. latency_us has the run's own shape ("min",
+    # "mean", "max", "percentiles" {"50", "99", ...}, in µs); flat "p50"/"p99" keys are read too.
+    # errors.status is non_2xx_3xx again: counted once.
+    TARGET_ERRORS = %w[connect read write timeout].freeze
+
+    def parse_targets(targets, runtime_s)
+      return nil unless targets.is_a?(Array) && targets.any?
+
+      targets.to_h do |t|
+        lat = t["latency_us"] || {}
+        pct = lat["percentiles"] || {}
+        ms = ->(k) { (v = lat[k] || pct[k.delete_prefix("p")]) && v / 1000.0 }
+        errors = (t["errors"] || {}).slice(*TARGET_ERRORS).values.sum(&:to_i) + t["non_2xx_3xx"].to_i
+        [t["path"], { "requests" => t["requests"].to_i, "connections" => t["connections"],
+                      "rps" => runtime_s.positive? ? (t["requests"].to_i / runtime_s).round(1) : nil,
+                      "p50_ms" => ms.call("p50"), "p99_ms" => ms.call("p99"), "max_ms" => ms.call("max"),
+                      "errors" => errors }]
+      end
     end
   end
 

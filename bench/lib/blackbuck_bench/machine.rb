@@ -2,6 +2,7 @@
 
 require "etc"
 require "open3"
+require_relative "servers"
 
 module BlackbuckBench
   # What the numbers were measured on, and the environments servers are started with.
@@ -43,7 +44,7 @@ module BlackbuckBench
     end
 
     def versions
-      gems = capture("ruby", "-e", 'puts %w[rack unicorn puma pitchfork sinatra].map { |g| ' \
+      gems = capture("ruby", "-e", 'puts %w[rack unicorn puma pitchfork iodine itsi-server sinatra railties].map { |g| ' \
                                      '"#{g} #{Gem::Specification.find_all_by_name(g).map(&:version).max || "absent"}" }.join(", ")')
       root = File.expand_path("../../..", __dir__)
       lock = File.read(File.join(root, "Gemfile.lock")) rescue ""
@@ -55,19 +56,30 @@ module BlackbuckBench
         "h2load" => capture("h2load", "--version") }
     end
 
-    # Environment for a server. Peers run outside the bundle (see servers.rb); blackbuck runs
-    # `bundle exec` against the project's Gemfile. Either way no Bundler state of the harness
-    # itself (RUBYOPT=-rbundler/setup under `bundle exec rake`) leaks into the server.
-    def server_env(bundled:)
+    # Environment for a server. Peers run outside the bundle (see servers.rb) with GEM_PATH =
+    # bench/setup's gem dir + the system gem dirs; blackbuck runs `bundle exec` against the
+    # project's Gemfile (or `gemfile`). Either way no Bundler state of the harness itself
+    # (RUBYOPT=-rbundler/setup under `bundle exec rake`) leaks into the server.
+    # preload: a file every peer requires first (RUBYOPT=-r), e.g. to activate Rack 2.2 for Rails.
+    def server_env(bundled:, gemfile: nil, preload: nil, extra: {})
       env = if defined?(Bundler) && Bundler.respond_to?(:unbundled_env)
               Bundler.unbundled_env
             else
-              ENV.to_h.reject { |k, _| k.start_with?("BUNDLE_", "BUNDLER_") || k == "RUBYOPT" }
+              ENV.to_h
             end
-      env = env.reject { |k, _| k.start_with?("BUNDLE_", "BUNDLER_") || %w[RUBYOPT RUBYLIB].include?(k) }
-      env["BUNDLE_GEMFILE"] = File.expand_path("../../../Gemfile", __dir__) if bundled
+      env = env.reject do |k, _|
+        k.start_with?("BUNDLE_", "BUNDLER_", "GEM_") || %w[RUBYOPT RUBYLIB RUBY_YJIT_ENABLE].include?(k)
+      end
+      if bundled
+        env["BUNDLE_GEMFILE"] = gemfile || File.expand_path("../../../Gemfile", __dir__)
+      else
+        env["GEM_PATH"] = [Servers::GEM_HOME, *Gem.default_path].uniq.join(":")
+        env["RUBYOPT"] = "-r#{preload}" if preload
+        bin = File.join(Servers::GEM_HOME, "bin")
+        env["PATH"] = [bin, env["PATH"]].compact.join(":")
+      end
       env["RACK_ENV"] = "none"
-      env
+      env.merge(extra)
     end
   end
 end

@@ -5,13 +5,16 @@ require "fileutils"
 require "time"
 require "open3"
 require_relative "machine"
+require_relative "workloads"
 
 module BlackbuckBench
   # Turns measurements into rows (median and spread per cell, ratios within the run) and writes
   # latest.json, latest.md and latest.png. Every requested cell gets a row, including absent
-  # and failed servers, with the reason.
+  # and failed servers, with the reason. Rows are keyed by workload ("app" holds its name).
   class Report
-    RATIO_BASES = { "unicorn" => "unicorn", "puma" => "puma", "nginx" => "nginx" }.freeze
+    RATIO_BASES = { "unicorn" => "unicorn", "nginx" => "nginx" }.freeze
+    TABLES_BEGIN = "<!-- bench:tables:begin -->"
+    TABLES_END = "<!-- bench:tables:end -->"
     MODE_LABEL = { "keepalive" => "keep-alive", "close" => "conn/request" }.freeze
     README = File.expand_path("../../README.md", __dir__)
     README_BEGIN = "<!-- bench:last-full-run:begin -->"
@@ -19,7 +22,13 @@ module BlackbuckBench
 
     attr_reader :rows, :servers
 
-    def initialize(opts:, command:, machine:, driver:, servers:, measurements:, crosscheck:, started:, finished:)
+    # The peers a row is compared with: every server but Blackbuck (any variant) and nginx.
+    def self.peer?(server) = !server.start_with?("blackbuck") && !%w[nginx].include?(server)
+
+    def initialize(opts:, command:, machine:, driver:, servers:, measurements:, crosscheck:, started:, finished:,
+                   plan: [], estimate: nil)
+      @plan = plan
+      @estimate = estimate
       @opts = opts
       @command = command
       @machine = machine
@@ -42,7 +51,8 @@ module BlackbuckBench
       @chart_error = chart_error
       File.write(md, markdown)
       [json, md, png].each { |f| FileUtils.cp(f, scratch) if File.exist?(f) }
-      update_readme(png) unless @opts[:quick] || @opts[:out] != File.expand_path("../../results", __dir__)
+      # only a full run replaces the README's section (not quick, not a BENCH_ONLY subset, not --out)
+      update_readme(png) unless @opts[:quick] || @opts[:only] || @opts[:out] != File.expand_path("../../results", __dir__)
       [json, md, png]
     end
 
@@ -50,7 +60,9 @@ module BlackbuckBench
 
     def load_line
       "#{@driver.name} -t #{@opts[:threads]} -c #{@opts[:connections]}, #{fmt_num(@opts[:duration])} s x " \
-        "#{@opts[:repeat]} interleaved runs per cell, #{@opts[:workers]} workers per server"
+        "#{@opts[:repeat]} interleaved runs per cell, #{@opts[:workers]} workers per server " \
+        "(mixed: #{MIXED_WORKERS} workers, #{MIXED_TARGETS.sum { |t| t['weight'] }} connections; iowait and mixed " \
+        "#{[MIXED_DURATION_S, @opts[:quick] ? @opts[:duration] : MIXED_DURATION_S].min} s)"
     end
 
     def title_line
@@ -63,8 +75,15 @@ module BlackbuckBench
         "duration_s" => (@finished - @started).round,
         "command" => @command, "quick" => @opts[:quick], "machine" => @machine,
         "load" => load_settings,
-        "matrix" => { "servers" => @opts[:servers], "apps" => @opts[:apps], "transports" => @opts[:transports],
-                      "modes" => @opts[:modes], "workers" => @opts[:workers], "repeat" => @opts[:repeat] },
+        "matrix" => { "servers" => @opts[:servers], "workloads" => @opts[:workloads], "only" => @opts[:only],
+                      "transports" => @opts[:transports], "modes" => @opts[:modes], "workers" => @opts[:workers],
+                      "repeat" => @opts[:repeat] },
+        "plan" => @plan.map do |s|
+          { "workload" => s.workload.name, "app" => s.workload.app, "servers" => s.servers, "cells" => s.cells,
+            "workers" => s.workers, "connections" => s.connections, "duration_s" => s.duration,
+            "targets" => s.workload.targets, "front" => s.workload.front }
+        end,
+        "estimate" => @estimate,
         "servers" => @servers,
         "crosscheck" => @crosscheck,
         "rows" => @rows
@@ -92,12 +111,34 @@ module BlackbuckBench
       rows.each do |r|
         RATIO_BASES.each do |label, base|
           b = index[[base, r["app"], r["transport"], r["mode"]]]
-          r["x_#{label}"] = r["rps"] && b && b["rps"]&.positive? ? (r["rps"] / b["rps"]).round(2) : nil
+          r["x_#{label}"] = r["rps"] && b && b["rps"]&.positive? ? (r["rps"].to_f / b["rps"]).round(2) : nil
         end
       end
-      order = ->(r) { [@opts[:apps].index(r["app"]), @opts[:transports].index(r["transport"]),
-                       @opts[:modes].index(r["mode"]), @opts[:servers].index(r["server"])] }
+      rows.group_by { |r| [r["app"], r["transport"], r["mode"]] }.each_value { |cell| best_peer_ratios(cell) }
+      workloads = @plan.map { |s| s.workload.name }
+      workloads = @opts[:workloads] if workloads.empty?
+      servers = @opts[:servers]
+      order = ->(r) { [workloads.index(r["app"]) || 99, @opts[:transports].index(r["transport"]),
+                       @opts[:modes].index(r["mode"]), servers.index(r["server"]) || 99] }
       rows.sort_by(&order)
+    end
+
+    # x_best: req/s over the best peer's (the fastest server that is not Blackbuck or nginx) in
+    # the same cell; for mixed workloads also fast_p99_x_best: the fast class's p99 over the
+    # lowest peer p99 (> 1 = slower than the best peer).
+    def best_peer_ratios(cell)
+      peers = cell.select { |r| Report.peer?(r["server"]) && r["rps"]&.positive? }
+      best = peers.max_by { |r| r["rps"] }
+      fast = peers.select { |r| r.dig("classes", "fast", "p99_ms")&.positive? }.min_by { |r| r.dig("classes", "fast", "p99_ms") }
+      cell.each do |r|
+        r["best_peer"] = best && best["server"]
+        r["x_best"] = best && r["rps"] ? (r["rps"].to_f / best["rps"]).round(2) : nil
+        next unless r["classes"]
+
+        r["best_peer_fast_p99"] = fast && fast["server"]
+        mine = r.dig("classes", "fast", "p99_ms")
+        r["fast_p99_x_best"] = fast && mine ? (mine.to_f / fast.dig("classes", "fast", "p99_ms")).round(2) : nil
+      end
     end
 
     def row(server, app, transport, mode, ms)
@@ -109,10 +150,12 @@ module BlackbuckBench
                else bad.first&.status || "failed"
                end
       mem = ok.map(&:memory).compact
+      bal = ok.map(&:balance).compact
       med = median(rps)
+      step = @plan.find { |s| s.workload.name == app }
       {
         "server" => server, "app" => app, "transport" => transport, "mode" => mode,
-        "workers" => @opts[:workers], "status" => status,
+        "workers" => step ? step.workers : @opts[:workers], "status" => status,
         "reason" => bad.map(&:reason).compact.uniq.first,
         "rps" => med&.round(1),
         "rps_min" => rps.min&.round(1), "rps_max" => rps.max&.round(1),
@@ -120,17 +163,39 @@ module BlackbuckBench
         "runs" => ok.size,
         "p50_ms" => median(ok.map { |m| m.result.p50_ms })&.round(3),
         "p99_ms" => median(ok.map { |m| m.result.p99_ms })&.round(3),
+        "classes" => classes(ok),
         "server_cpu_us_per_req" => median(ok.map(&:cpu_us_per_req))&.round(1),
         "load_tool_cpu_us_per_req" => median(ok.map { |m| m.result.tool_cpu_us_per_req })&.round(1),
         "rss_kb_per_worker" => median(mem.map { |x| x[:rss_kb_per_worker] })&.round,
         "pss_kb_per_worker" => median(mem.map { |x| x[:pss_kb_per_worker] })&.round,
         "workers_seen" => mem.map { |x| x[:workers_seen] }.max,
+        "busiest_share_pct" => median(bal.map { |b| b["busiest_share_pct"] })&.round(1),
+        "workers_serving" => bal.map { |b| b["workers_serving"] }.min,
+        "balance_runs" => bal.map { |b| b["per_worker"] },
         "errors" => ok.sum { |m| m.result.errors.to_i },
         "error_detail" => ok.each_with_object(Hash.new(0)) { |m, h| m.result.error_detail.each { |k, v| h[k] += v } },
         "requests" => ok.sum { |m| m.result.requests.to_i },
         "rps_runs" => rps.map { |x| x.round(1) },
         "load" => load_settings.merge("command" => ok.first&.result&.command)
       }
+    end
+
+    # Per class (mixed workloads): medians of the runs' req/s, p50 and p99; max = the largest of
+    # the runs' maxima; errors summed.
+    def classes(ok)
+      runs = ok.map { |m| m.result.classes }.compact
+      return nil if runs.empty?
+
+      runs.flat_map(&:keys).uniq.to_h do |name|
+        each = runs.map { |c| c[name] }.compact
+        [name, { "rps" => median(each.map { |c| c["rps"] })&.round(1),
+                 "p50_ms" => median(each.map { |c| c["p50_ms"] })&.round(3),
+                 "p99_ms" => median(each.map { |c| c["p99_ms"] })&.round(3),
+                 "max_ms" => each.map { |c| c["max_ms"] }.compact.max&.round(3),
+                 "requests" => each.sum { |c| c["requests"].to_i },
+                 "connections" => each.first["connections"],
+                 "errors" => each.sum { |c| c["errors"].to_i } }]
+      end
     end
 
     def fmt_num(v, digits = 0)
@@ -151,25 +216,79 @@ module BlackbuckBench
       out << "- **Machine:** #{machine_line}; load average at start #{@machine['loadavg_at_start']}\n"
       out << "- **Command:** `#{@command}`\n"
       out << "- **Load:** #{load_line}, request timeout #{@opts[:timeout]} s, warm-up #{fmt_num(@opts[:warmup], 1)} s after boot\n"
-      out << "- **Versions:** #{@machine['versions'].map { |k, v| "#{k}: #{v}" }.join('; ')}\n\n"
+      out << "- **Versions:** #{(@machine['versions'] || {}).map { |k, v| "#{k}: #{v}" }.join('; ')}\n\n"
       out << "req/s is the median of the runs; spread = (max − min) / median. p50/p99 are medians of the runs' " \
-             "percentiles. CPU = server processes' utime+stime (from /proc) / requests. RSS = mean per worker " \
-             "process. ×Unicorn, ×Puma, ×nginx: ratio of medians to that server in the same cell of this run.\n\n"
-      out << "| Server | App | Transport | Mode | req/s | spread | p50 ms | p99 ms | CPU µs/req | RSS KB/worker | errors | ×Unicorn | ×Puma | ×nginx |\n"
-      out << "|---|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
-      @rows.each do |r|
-        cells = if %w[ok partial].include?(r["status"])
-                  [fmt_int(r["rps"]) + (r["status"] == "partial" ? " (partial)" : ""),
-                   r["spread_pct"] ? "#{r['spread_pct']}%" : "–", fmt_num(r["p50_ms"], 2), fmt_num(r["p99_ms"], 2),
-                   fmt_num(r["server_cpu_us_per_req"], 1), fmt_int(r["rss_kb_per_worker"]), fmt_int(r["errors"]),
-                   fmt_ratio(r["x_unicorn"]), fmt_ratio(r["x_puma"]), fmt_ratio(r["x_nginx"])]
-                else
-                  ["**#{r['status']}**", "", "", "", "", "", "", "", "", ""]
-                end
-        out << "| #{r['server']} | #{r['app']} | #{r['transport']} | #{MODE_LABEL[r['mode']]} | #{cells.join(' | ')} |\n"
-      end
+             "percentiles (mixed: per class; max = the largest of the runs). CPU = server processes' utime+stime " \
+             "(from /proc) / requests. PSS = mean per worker process (copy-on-write pages shared fairly). Busiest " \
+             "worker = its share of the requests the app counted in each worker (median of the runs; " \
+             "100/N % is perfect balance, 100 % one worker did all) and how many of the N workers served any. " \
+             "×best peer: ratio to the fastest server that is not Blackbuck or nginx in the same cell of this " \
+             "run (named under each table); ×nginx: to nginx `return 200`.\n\n"
+      out << tables_md
       out << "\n" << problems_md << crosscheck_md << servers_md
       out << "\nChart: `latest.png`#{@chart_error ? " — not drawn: #{@chart_error}" : ''}. Method and fairness notes: bench/README.md.\n"
+      out
+    end
+
+    def tables_md
+      out = +"#{TABLES_BEGIN}\n"
+      @rows.group_by { |r| r["app"] }.each do |app, rows|
+        w = WORKLOADS.find { |x| x.name == app }
+        step = @plan.find { |x| x.workload.name == app }
+        out << "### #{app} — #{w ? w.title : app}\n\n"
+        out << "#{step.workers} workers, #{step.connections} connections, #{fmt_num(step.duration, 1)} s x #{@opts[:repeat]} runs\n\n" if step
+        out << (w&.mixed? ? mixed_table(rows) : plain_table(rows))
+        bests = rows.map { |r| [r["transport"], r["mode"], r["best_peer"]] }.uniq.select(&:last)
+        out << "\nBest peer by req/s: #{bests.map { |t, m, b| "#{t} #{MODE_LABEL[m]} #{b}" }.join('; ')}." if bests.any?
+        fast = rows.map { |r| r["best_peer_fast_p99"] }.compact.uniq
+        out << " Best peer by the fast class's p99: #{fast.join(', ')}." if fast.any?
+        out << "\n" if bests.any? || fast.any?
+        out << "\n"
+      end
+      out << "#{TABLES_END}\n\n"
+    end
+
+    def measured?(r) = %w[ok partial].include?(r["status"])
+
+    def rps_cell(r) = fmt_int(r["rps"]) + (r["status"] == "partial" ? " (partial)" : "")
+
+    def busiest(r)
+      return "–" unless r["busiest_share_pct"]
+
+      "#{fmt_num(r['busiest_share_pct'], 0)}% (#{r['workers_serving']}/#{r['workers']})"
+    end
+
+    def plain_table(rows)
+      out = +"| Server | Transport | Mode | req/s | spread | p50 ms | p99 ms | CPU µs/req | PSS KB/worker | busiest worker | errors | ×best peer | ×nginx |\n"
+      out << "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+      rows.each do |r|
+        cells = if measured?(r)
+                  [rps_cell(r), r["spread_pct"] ? "#{r['spread_pct']}%" : "–", fmt_num(r["p50_ms"], 2),
+                   fmt_num(r["p99_ms"], 2), fmt_num(r["server_cpu_us_per_req"], 1), fmt_int(r["pss_kb_per_worker"]),
+                   busiest(r), fmt_int(r["errors"]), fmt_ratio(r["x_best"]), fmt_ratio(r["x_nginx"])]
+                else
+                  ["**#{r['status']}**"] + [""] * 9
+                end
+        out << "| #{r['server']} | #{r['transport']} | #{MODE_LABEL[r['mode']]} | #{cells.join(' | ')} |\n"
+      end
+      out
+    end
+
+    def mixed_table(rows)
+      out = +"| Server | Transport | req/s | fast req/s | fast p50 ms | fast p99 ms | fast max ms | slow p50 ms | slow p99 ms | CPU µs/req | PSS KB/worker | busiest worker | errors | fast p99 ×best peer |\n"
+      out << "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+      rows.each do |r|
+        f = r.dig("classes", "fast") || {}
+        sl = r.dig("classes", "slow") || {}
+        cells = if measured?(r)
+                  [rps_cell(r), fmt_int(f["rps"]), fmt_num(f["p50_ms"], 2), fmt_num(f["p99_ms"], 2), fmt_num(f["max_ms"], 1),
+                   fmt_num(sl["p50_ms"], 1), fmt_num(sl["p99_ms"], 1), fmt_num(r["server_cpu_us_per_req"], 1),
+                   fmt_int(r["pss_kb_per_worker"]), busiest(r), fmt_int(r["errors"]), fmt_ratio(r["fast_p99_x_best"])]
+                else
+                  ["**#{r['status']}**"] + [""] * 11
+                end
+        out << "| #{r['server']} | #{r['transport']} #{MODE_LABEL[r['mode']]} | #{cells.join(' | ')} |\n"
+      end
       out
     end
 
@@ -228,42 +347,56 @@ module BlackbuckBench
     end
 
     def servers_md
-      out = +"## Servers as run\n\n| Server | Configuration | Keeps connections alive | Body framing (per app) | CPU while idle |\n|---|---|---|---|--:|\n"
+      out = +"## Servers as run\n\n" \
+              "Runtime = what the workers themselves reported (bench/apps/lib/bench_stats.rb): server version, Ruby, " \
+              "Rack, YJIT.\n\n" \
+              "| Server | Configuration | Keeps connections alive | Body framing (hello) | Runtime | CPU while idle |\n|---|---|---|---|---|--:|\n"
       @servers.each do |name, s|
-        framing = s["probe"].map { |app, p| "#{app}: #{p.dig('tcp', 'framing') || '?'}" }.join(", ")
+        framing = s["probe"].select { |app, _| app.start_with?("hello") }.map { |app, p| "#{app}: #{p.dig('tcp', 'framing') || '?'}" }.join(", ")
         ka = s["probe"].values.map { |p| p.dig("tcp", "keepalive") }.compact.uniq
         ka = ka.empty? ? "?" : ka.map { |k| k ? "yes" : "no (closes)" }.join("/")
         idle = (s["idle_cpu_pct"] || {}).values.max
         out << "| #{name} | #{s['summary']} | #{s['status'] == 'absent' ? '' : ka} | " \
-               "#{s['status'] == 'absent' ? "absent: #{s['reason']}" : framing} | #{idle ? "#{idle}%" : '–'} |\n"
+               "#{s['status'] == 'absent' ? "absent: #{s['reason']}" : framing} | #{runtime(s)} | #{idle ? "#{idle}%" : '–'} |\n"
       end
       out
     end
 
-    def update_readme(png)
-      return unless File.exist?(README)
+    # "puma 8.0.2, Ruby 3.1.2, Rack 3.2.8, YJIT" (Rails rows: their own Rack, shown after them)
+    def runtime(s)
+      (s["runtime"] || {}).flat_map { |app, facts| facts.map { |f| [app, f] } }
+                          .group_by { |_, f| f }.map do |f, apps|
+        text = "#{f['server']}, Ruby #{f['ruby']}, Rack #{f['rack']}#{f['yjit'] ? ', YJIT' : ''}"
+        apps.size < (s["runtime"] || {}).size ? "#{text} (#{apps.map(&:first).join(', ')})" : text
+      end.join("; ")
+    end
 
-      text = File.read(README)
+    def update_readme(png, readme = README)
+      return unless File.exist?(readme)
+
+      text = File.read(readme)
       return unless text.include?(README_BEGIN) && text.include?(README_END)
 
       FileUtils.cp(png, File.join(File.dirname(png), "full.png")) if File.exist?(png)
       block = +"#{README_BEGIN}\n"
       block << "_Generated by `bench/run.rb` at the end of a full run; do not edit by hand._\n\n"
       block << "- Machine: #{machine_line}\n- Command: `#{@command}`\n- Load: #{load_line}\n\n"
-      block << "![requests per second](results/full.png)\n\n"
-      table = markdown[/^\| Server \| App .*?\n(?=\n)/m]
-      block << table.to_s << "\n#{README_END}"
-      File.write(README, text.sub(/#{Regexp.escape(README_BEGIN)}.*#{Regexp.escape(README_END)}/m) { block })
+      block << "![one panel per workload: req/s, and the fast requests' p99 for the mixed ones](results/full.png)\n\n"
+      block << tables_md.sub("#{TABLES_BEGIN}\n", "").sub("#{TABLES_END}\n\n", "") << README_END
+      File.write(readme, text.sub(/#{Regexp.escape(README_BEGIN)}.*#{Regexp.escape(README_END)}/m) { block })
     end
   end
 
-  # The chart: one panel per app, one group of bars per server, four bars per group (TCP and
+  # The chart: one panel per workload, one group of bars per server, one bar per cell (TCP and
   # UNIX socket, each keep-alive and connection-per-request), error bars = min..max of the runs.
+  # Mixed workloads plot the fast class's p99 instead (log scale, lower is better).
   # Drawn by gnuplot (gnuplot-nox, installed by bench/setup).
   class Chart
     COLORS = { %w[tcp keepalive] => "#1f77b4", %w[tcp close] => "#9ecae1",
                %w[unix keepalive] => "#d62728", %w[unix close] => "#ff9896" }.freeze
     LABEL = { "tcp" => "TCP 127.0.0.1", "unix" => "UNIX socket" }.freeze
+    PX_PER_SERVER = 95
+    MIXED_FLOOR_MS = 0.1 # the log axis starts here; a server without a number sits on it
 
     def initialize(report)
       @report = report
@@ -276,18 +409,30 @@ module BlackbuckBench
       return "gnuplot not found (run bench/setup)" unless gnuplot
 
       apps = @rows.map { |r| r["app"] }.uniq
-      servers = @rows.map { |r| r["server"] }.uniq
-      series = COLORS.keys.select { |t, m| @rows.any? { |r| r["transport"] == t && r["mode"] == m } }
       dir = File.join(scratch, "chart")
       FileUtils.mkdir_p(dir)
-      apps.each { |app| File.write(File.join(dir, "#{app}.dat"), data(app, servers, series)) }
-      script = gnuplot_script(png, dir, apps, servers, series)
+      panels = apps.map do |app|
+        rows = @rows.select { |r| r["app"] == app }
+        servers = rows.map { |r| r["server"] }.uniq
+        if mixed?(app)
+          File.write(File.join(dir, "#{app}.dat"), mixed_data(app, servers))
+          mixed_panel(app, File.join(dir, "#{app}.dat"))
+        else
+          series = COLORS.keys.select { |t, m| rows.any? { |r| r["transport"] == t && r["mode"] == m } }
+          File.write(File.join(dir, "#{app}.dat"), data(app, servers, series))
+          rps_panel(app, File.join(dir, "#{app}.dat"), series)
+        end
+      end
+      widest = apps.map { |a| @rows.count { |r| r["app"] == a } }.max.to_i
+      script = gnuplot_script(png, panels, [900, PX_PER_SERVER * widest + 250].max)
       File.write(File.join(dir, "chart.gp"), script)
       out, status = Open3.capture2e(gnuplot, File.join(dir, "chart.gp"))
       status.success? ? nil : "gnuplot failed: #{out.lines.first(3).join.strip}"
     end
 
     private
+
+    def mixed?(app) = WORKLOADS.find { |w| w.name == app }&.mixed?
 
     def label_for(server, app)
       rs = @rows.select { |r| r["server"] == server && r["app"] == app }
@@ -310,53 +455,67 @@ module BlackbuckBench
       "# server #{series.map { |t, m| "#{t}-#{m}(median min max)" }.join(' ')}\n#{lines.join("\n")}\n"
     end
 
-    def gnuplot_script(png, dir, apps, servers, series)
-      cols = apps.size > 1 ? 2 : 1
-      nrows = (apps.size + cols - 1) / cols
-      width = [900, 130 * servers.size + 250].max * cols
-      height = 520 * nrows + 90
-      plot_cmds = apps.map do |app|
-        file = File.join(dir, "#{app}.dat")
-        using = series.each_with_index.map do |(t, m), i|
-          c = 2 + i * 3
-          title = "#{LABEL[t]}, #{m == 'keepalive' ? 'keep-alive' : 'connection per request'}"
-          %("#{file}" using #{c}:#{c + 1}:#{c + 2}#{i.zero? ? ':xtic(1)' : ''} title "#{title}" lc rgb "#{COLORS[[t, m]]}")
-        end
-        <<~GP
-          set title "#{app_title(app)}" font ",13"
-          plot #{using.join(", \\\n     ")}
-        GP
+    # fast p99 (median of the runs), and its smallest and largest run values are not kept per
+    # class, so the whiskers are p50 .. max of the fast class
+    def mixed_data(app, servers)
+      lines = servers.map do |s|
+        r = @rows.find { |x| x["server"] == s && x["app"] == app }
+        f = r&.dig("classes", "fast")
+        vals = f && f["p99_ms"] ? [f["p99_ms"], f["p50_ms"] || f["p99_ms"], f["max_ms"] || f["p99_ms"]] : [MIXED_FLOOR_MS] * 3
+        "\"#{label_for(s, app)}\" #{vals.join(' ')}"
       end
+      "# server fast-p99 fast-p50 fast-max (ms)\n#{lines.join("\n")}\n"
+    end
+
+    def rps_panel(app, file, series)
+      using = series.each_with_index.map do |(t, m), i|
+        c = 2 + i * 3
+        title = "#{LABEL[t]}, #{m == 'keepalive' ? 'keep-alive' : 'connection per request'}"
+        %("#{file}" using #{c}:#{c + 1}:#{c + 2}#{i.zero? ? ':xtic(1)' : ''} title "#{title}" lc rgb "#{COLORS[[t, m]]}")
+      end
+      <<~GP
+        unset logscale y
+        set yrange [0:*]
+        set ylabel "requests/s (higher is better)"
+        set format y "%.0s%c"
+        set title "#{app_title(app)}" font ",13"
+        plot #{using.join(", \\\n     ")}
+      GP
+    end
+
+    def mixed_panel(app, file)
+      <<~GP
+        set logscale y
+        set yrange [#{MIXED_FLOOR_MS}:*]
+        set ylabel "fast requests' p99, ms (lower is better; whiskers p50..max)"
+        set format y "%g"
+        set title "#{app_title(app)}" font ",13"
+        plot "#{file}" using 2:3:4:xtic(1) title "fast class p99 (UNIX socket, keep-alive)" lc rgb "#2ca02c"
+      GP
+    end
+
+    def gnuplot_script(png, panels, width)
+      height = 480 * panels.size + 90
       <<~GP
         set terminal pngcairo size #{width},#{height} font "DejaVu Sans,11" noenhanced
         set output "#{png}"
-        set multiplot layout #{nrows},#{cols} title "Requests per second, higher is better (bars: median, whiskers: min–max of the runs)\\n#{@report.title_line}\\n#{@report.load_line}" font ",12"
+        set multiplot layout #{panels.size},1 title "Bars: median of the runs, whiskers: min–max (mixed: p50–max)\\n#{@report.title_line}\\n#{@report.load_line}" font ",12"
         set style data histogram
         set style histogram errorbars gap 1.5 lw 1
         set style fill solid 0.9 border -1
         set boxwidth 0.9
-        set ylabel "requests/s"
-        set yrange [0:*]
-        set format y "%.0s%c"
         set grid ytics lc rgb "#dddddd"
         set key outside bottom center horizontal maxrows 2 font ",10"
-        set xtics nomirror font ",11"
+        set xtics nomirror font ",10"
         set ytics nomirror
         set border 3
         set bmargin 7
         set tmargin 3
-        #{plot_cmds.join("\n")}
+        #{panels.join("\n")}
         unset multiplot
       GP
     end
 
-    def app_title(app)
-      {
-        "hello" => "hello world, no Content-Length (seed app: chunked or close-delimited)",
-        "hello_length" => "hello world with Content-Length",
-        "sinatra" => "Sinatra hello (Debian ruby-sinatra)",
-        "big" => "64 KiB response"
-      }.fetch(app, app)
-    end
+    def app_title(app) = WORKLOADS.find { |w| w.name == app }&.title || app
   end
 end

@@ -25,12 +25,26 @@ module BlackbuckBench
     end
 
     def start
+      spawn
+      wait_ready
+    end
+
+    # Starts the process; wait_ready then waits for it (several servers boot at once).
+    def spawn
       cmd = recipe.command(ctx)
       @argv = cmd[:argv]
-      File.write(File.join(ctx.dir, "command.txt"), @argv.join(" ") + "\n")
+      File.write(File.join(ctx.dir, "command.txt"), "#{@env.slice('RUBY_YJIT_ENABLE', 'RUBYOPT', 'BUNDLE_GEMFILE', 'GEM_PATH').map { |k, v| "#{k}=#{v} " }.join}#{@argv.join(' ')}\n")
+      @started = monotonic
       @pid = Process.spawn(@env, *@argv, chdir: cmd[:chdir], pgroup: true, unsetenv_others: true,
                                           in: File::NULL, %i[out err] => [@log_path, "w"])
-      wait_ready
+      self
+    rescue SystemCallError => e
+      raise BootError, "#{e.message}; log tail: #{log_tail}"
+    end
+
+    # Log lines + both sockets accept + one correct response on each; BootError otherwise.
+    def wait_ready
+      wait_ready!
       self
     rescue BootError, SystemCallError => e
       stop
@@ -41,16 +55,24 @@ module BlackbuckBench
 
     def alive? = @pid && !reaped?(@pid)
 
+    # TERM to the master, without waiting: stop then waits. Stopping many servers, TERM them
+    # all first, so their graceful shutdowns overlap.
+    def terminate
+      return unless @pid && !@term_deadline
+
+      signal(@pid, "TERM")
+      @term_deadline = monotonic + STOP_GRACE_S
+    end
+
     def stop
       return unless @pid
 
+      terminate
       pid = @pid
       @pid = nil
-      signal(pid, "TERM")
-      deadline = monotonic + STOP_GRACE_S
       loop do
         break if reaped?(pid)
-        break signal(-pid, "KILL") if monotonic > deadline
+        break signal(-pid, "KILL") if monotonic > @term_deadline
 
         sleep 0.05
       end
@@ -90,8 +112,8 @@ module BlackbuckBench
 
     def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    def wait_ready
-      deadline = monotonic + BOOT_TIMEOUT_S
+    def wait_ready!
+      deadline = @started + BOOT_TIMEOUT_S
       until ready?
         raise BootError, "exited during boot" unless alive?
         raise BootError, "not ready after #{BOOT_TIMEOUT_S}s" if monotonic > deadline

@@ -6,15 +6,21 @@ module BlackbuckBench
   # server's workers (process title) and readiness (log lines). Fairness notes live in
   # bench/README.md, one section per recipe; keep the two in step.
   #
-  # Peers (unicorn, puma, pitchfork) are Debian's or RubyGems' executables run OUTSIDE the bundle
-  # with the system gems: Debian's unicorn and puma are not in the project's Gemfile, so under
-  # `bundle exec` they fail to load (raindrops / "puma is not currently included in the bundle").
-  # Outside the bundle they activate the newest system rack, which is the same Rack 3.2 the bundle
-  # uses (bench/setup checks this).
+  # Peers are Debian's executables (unicorn, puma 5.6, nginx) or RubyGems' installed by
+  # bench/setup into tmp/bench-gems (puma 8, iodine, pitchfork, itsi), all run OUTSIDE the bundle
+  # with GEM_PATH = tmp/bench-gems + the system gem dirs (Machine.server_env): Debian's unicorn
+  # and puma are not in the project's Gemfile, so under `bundle exec` they fail to load (raindrops
+  # / "puma is not currently included in the bundle"). Outside the bundle they activate the
+  # newest rack on that path, the bundle's Rack 3.2 that bench/setup installs there.
+  #
+  # Every Ruby recipe has a YJIT twin, NAME+yjit: the same command with RUBY_YJIT_ENABLE=1.
   class Recipe
-    attr_reader :name, :summary
+    attr_reader :name, :summary, :worker_re, :ready_re, :env, :gem
 
-    def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, variant: false, &build)
+    # gem: the RubyGems name bench/setup installs for it (its failure reason is shown when absent)
+    # ruby: a Ruby server (gets a +yjit twin); yjit_variant: its twin runs only when named
+    def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, variant: false,
+                   ruby: true, gem: nil, env: {}, yjit_variant: false, &build)
       @name = name
       @variant = variant
       @summary = summary
@@ -22,20 +28,36 @@ module BlackbuckBench
       @worker_re = worker_re
       @ready_re = ready_re
       @bundled = bundled
+      @ruby = ruby
+      @gem = gem
+      @env = env
+      @yjit_variant = yjit_variant
       @build = build
     end
 
-    attr_reader :worker_re, :ready_re
-
     def bundled? = @bundled
+
+    def ruby? = @ruby
+
+    def yjit? = @env["RUBY_YJIT_ENABLE"] == "1"
 
     # A variant (e.g. another scheduling policy) runs only when --servers names it.
     def variant? = @variant
 
+    # The same server with YJIT on (Ruby 3.1 reads RUBY_YJIT_ENABLE=1 at boot, in every process).
+    def with_yjit
+      Recipe.new(name: "#{name}+yjit", summary: "#{summary}; RUBY_YJIT_ENABLE=1", executable: @executable,
+                 worker_re: worker_re, ready_re: ready_re, bundled: @bundled, variant: @variant || @yjit_variant,
+                 ruby: true, gem: @gem, env: @env.merge("RUBY_YJIT_ENABLE" => "1"), &@build)
+    end
+
     # nil when the server can run here, else the reason it is absent.
     def absent_reason
       path = @executable.call
-      return "executable not found" unless path
+      unless path
+        why = @gem && Servers.install_failure(@gem)
+        return why ? "gem install #{@gem} failed in bench/setup: #{why}" : "executable not found#{@gem ? ' (run bench/setup)' : ''}"
+      end
       return "#{path} is not executable" unless File.executable?(path)
 
       nil
@@ -49,7 +71,7 @@ module BlackbuckBench
 
   # Everything a recipe needs to build a command line.
   LaunchContext = Struct.new(:app_name, :app_path, :workers, :tcp_port, :unix_path, :dir,
-                             :root, keyword_init: true) do
+                             :root, :upstream, keyword_init: true) do
     def tcp = "127.0.0.1:#{tcp_port}"
 
     def write(name, text)
@@ -61,15 +83,36 @@ module BlackbuckBench
 
   module Servers
     ROOT = File.expand_path("../../..", __dir__)
-    PUMA_THREADS_VARIANT = 5 # Puma 5's default max threads per worker
+    # Where bench/setup installs the RubyGems peers (never the system, never the bundle).
+    GEM_HOME = ENV.fetch("BENCH_GEM_HOME", File.join(ROOT, "tmp", "bench-gems"))
+    PUMA_RAILS_THREADS = 3  # Rails' default RAILS_MAX_THREADS since 7.2
+    PUMA_MANY_THREADS = 5   # Puma 5's default max threads per worker, Rails' before 7.2
     NGINX_WORKER_CONNECTIONS = 4096
+    NGINX_FRONT_WORKERS = 1 # the production-shape proxy: one nginx worker is enough for these rates
+    NGINX_UPSTREAM_KEEPALIVE = 16 # idle upstream connections per nginx worker, as docs/DEPLOY.md
     BACKLOG = 1024 # same listen backlog for every server that lets us set it
 
     def self.which(name)
       ENV.fetch("PATH", "").split(":").map { |d| File.join(d, name) }.find { |p| File.executable?(p) }
     end
 
-    def self.first_existing(*paths) = paths.find { |p| File.executable?(p) }
+    def self.first_existing(*paths) = paths.compact.find { |p| File.executable?(p) }
+
+    # An executable installed by bench/setup into GEM_HOME.
+    def self.bench_bin(name) = first_existing(File.join(GEM_HOME, "bin", name))
+
+    # bench/setup's note of why a gem did not install, or nil.
+    def self.install_failure(gem)
+      path = File.join(GEM_HOME, "absent", "#{gem}.txt")
+      File.exist?(path) ? File.read(path).strip : nil
+    end
+
+    # Debian's puma gem version (the historical row): its /usr/bin/puma would otherwise activate
+    # the newest puma on GEM_PATH, which is bench/setup's Puma 8.
+    def self.debian_gem_version(name)
+      Dir["/usr/{share,lib,lib/*}/rubygems-integration/*/specifications/#{name}-*.gemspec"]
+        .filter_map { |f| File.basename(f, ".gemspec")[/\A#{name}-(\d[\w.]*)\z/, 1] }.max_by { |v| Gem::Version.new(v) }
+    end
 
     def self.unicorn_like_config(ctx, extra = "")
       <<~RUBY
@@ -94,6 +137,10 @@ module BlackbuckBench
       RUBY
     end
 
+    def self.nginx_temp_paths(ctx)
+      %w[client_body proxy fastcgi uwsgi scgi].map { |t| "#{t}_temp_path #{ctx.dir}/nginx-#{t};" }.join("\n  ")
+    end
+
     def self.nginx_config(ctx)
       # The ceiling: no Ruby at all. The same bytes each app sends: a fixed body for the hello
       # apps (Content-Length, as every HTTP/1.1 server can), a static 64 KiB file for big.ru.
@@ -104,8 +151,32 @@ module BlackbuckBench
                  else
                    "location = / { default_type text/plain; return 200 \"hello world\\n\"; }"
                  end
+      nginx_wrap(ctx, ctx.workers, location)
+    end
+
+    # The production shape (docs/DEPLOY.md): nginx in front of the Ruby server's UNIX socket with
+    # upstream keep-alive. The client talks to nginx; nginx to the server.
+    def self.nginx_front_config(ctx)
+      location = <<~NGINX
+        location / {
+              proxy_pass http://app;
+              proxy_http_version 1.1;
+              proxy_set_header Connection "";
+              proxy_set_header Host $host;
+              proxy_set_header X-Forwarded-For $remote_addr;
+              proxy_buffering on;
+            }
+      NGINX
+      upstream = "upstream app { server unix:#{ctx.upstream} fail_timeout=0; keepalive #{NGINX_UPSTREAM_KEEPALIVE}; }"
+      nginx_wrap(ctx, NGINX_FRONT_WORKERS, location, upstream)
+    end
+
+    def self.nginx_wrap(ctx, workers, location, upstream = "")
+      # as root, nginx's workers would run as nobody and could not connect to a socket in the
+      # harness's 0700 directory; as another user they run as that user anyway
       <<~NGINX
-        worker_processes #{ctx.workers};
+        #{Process.uid.zero? ? 'user root;' : ''}
+        worker_processes #{workers};
         daemon off;
         master_process on;
         pid #{ctx.dir}/nginx.pid;
@@ -113,14 +184,11 @@ module BlackbuckBench
         events { worker_connections #{NGINX_WORKER_CONNECTIONS}; }
         http {
           access_log off;
-          client_body_temp_path #{ctx.dir}/nginx-body;
-          proxy_temp_path #{ctx.dir}/nginx-proxy;
-          fastcgi_temp_path #{ctx.dir}/nginx-fastcgi;
-          uwsgi_temp_path #{ctx.dir}/nginx-uwsgi;
-          scgi_temp_path #{ctx.dir}/nginx-scgi;
+          #{nginx_temp_paths(ctx)}
           keepalive_requests 1000000;
           sendfile on;
           tcp_nodelay on;
+          #{upstream}
           server {
             listen #{ctx.tcp} backlog=#{BACKLOG};
             listen unix:#{ctx.unix_path} backlog=#{BACKLOG};
@@ -142,7 +210,45 @@ module BlackbuckBench
       { argv: [*prefix, "unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
     end
 
-    ALL = [
+    def self.puma_command(ctx, exe, threads, *version)
+      conf = ctx.write("puma.rb", puma_config(ctx, threads))
+      { argv: [exe, *version, "-C", conf, ctx.app_path], chdir: ctx.dir }
+    end
+
+    # Iodine's CLI takes one listener (-b/-p); the UNIX socket is a second Iodine.listen made by
+    # a rackup wrapper around the same app file.
+    def self.iodine_command(ctx, threads)
+      wrapper = ctx.write("iodine.ru", <<~RUBY)
+        app = Rack::Builder.parse_file(#{ctx.app_path.inspect})
+        app = app.first if app.is_a?(Array) # Rack 2 returns [app, options]
+        Iodine.listen(service: :http, handler: app, address: #{ctx.unix_path.inspect}, port: 0)
+        run app
+      RUBY
+      { argv: [bench_bin("iodine"), "-w", ctx.workers.to_s, "-t", threads.to_s, "-b", "127.0.0.1",
+               "-p", ctx.tcp_port.to_s, wrapper], chdir: ctx.dir }
+    end
+
+    def self.puma8(name, threads, why)
+      Recipe.new(
+        name: name, gem: "puma",
+        summary: "Puma 8 (RubyGems), workers N, threads #{threads}:#{threads}#{why}, preload_app!, environment none",
+        executable: -> { bench_bin("puma") },
+        worker_re: /puma: cluster worker/,
+        ready_re: /Worker \d+ \(PID: \d+\) booted/
+      ) { |ctx| puma_command(ctx, bench_bin("puma"), threads) }
+    end
+
+    def self.iodine(name, threads)
+      Recipe.new(
+        name: name, gem: "iodine",
+        summary: "Iodine 0.7 (RubyGems), -w N -t #{threads}; a second Iodine.listen for the UNIX socket",
+        executable: -> { bench_bin("iodine") },
+        worker_re: nil, # workers keep the master's title: every process but the master
+        ready_re: /INFO: \d+ is running/
+      ) { |ctx| iodine_command(ctx, threads) }
+    end
+
+    BASE = [
       Recipe.new(
         name: "blackbuck",
         summary: "bundle exec exe/blackbuck -w N -l 127.0.0.1:PORT -l unix:PATH, defaults (keep-alive on)",
@@ -176,47 +282,93 @@ module BlackbuckBench
         variant: true
       ) { |ctx| unicorn_command(ctx, "chrt", "-b", "0") },
       Recipe.new(
-        name: "puma",
-        summary: "Debian puma, workers N, threads 1:1, preload_app!, environment none",
-        executable: -> { which("puma") },
+        name: "puma5",
+        summary: "Debian puma 5.6 (historical row), workers N, threads 1:1, preload_app!, environment none",
+        executable: -> { debian_gem_version("puma") && first_existing("/usr/bin/puma") },
         worker_re: /puma: cluster worker/,
-        ready_re: /Worker \d+ \(PID: \d+\) booted/
-      ) do |ctx|
-        conf = ctx.write("puma.rb", puma_config(ctx, 1))
-        { argv: ["puma", "-C", conf, ctx.app_path], chdir: ctx.dir }
-      end,
+        ready_re: /Worker \d+ \(PID: \d+\) booted/,
+        yjit_variant: true
+      ) { |ctx| puma_command(ctx, "/usr/bin/puma", 1, "_#{debian_gem_version('puma')}_") },
       Recipe.new(
-        name: "puma-threads",
-        summary: "Debian puma, workers N, threads #{PUMA_THREADS_VARIANT}:#{PUMA_THREADS_VARIANT} (Puma 5's default max)",
-        executable: -> { which("puma") },
+        name: "puma5-2x5",
+        summary: "Debian puma 5.6, workers N, threads #{PUMA_MANY_THREADS}:#{PUMA_MANY_THREADS} (Puma 5's default max)",
+        executable: -> { debian_gem_version("puma") && first_existing("/usr/bin/puma") },
         worker_re: /puma: cluster worker/,
-        ready_re: /Worker \d+ \(PID: \d+\) booted/
-      ) do |ctx|
-        conf = ctx.write("puma.rb", puma_config(ctx, PUMA_THREADS_VARIANT))
-        { argv: ["puma", "-C", conf, ctx.app_path], chdir: ctx.dir }
-      end,
+        ready_re: /Worker \d+ \(PID: \d+\) booted/,
+        variant: true
+      ) { |ctx| puma_command(ctx, "/usr/bin/puma", PUMA_MANY_THREADS, "_#{debian_gem_version('puma')}_") },
+      puma8("puma8-2x1", 1, " (the prefork servers' concurrency)"),
+      puma8("puma8-2x3", PUMA_RAILS_THREADS, " (Rails' default)"),
+      puma8("puma8-2x5", PUMA_MANY_THREADS, ""),
       Recipe.new(
-        name: "pitchfork",
-        summary: "pitchfork gem, worker_processes N, -E none (no keep-alive by design, like Unicorn)",
-        executable: -> { which("pitchfork") },
+        name: "pitchfork", gem: "pitchfork",
+        summary: "pitchfork 0.18 (RubyGems), worker_processes N, -E none (no keep-alive by design, like Unicorn)",
+        executable: -> { bench_bin("pitchfork") || which("pitchfork") },
         worker_re: /pitchfork.*worker\[\d+\]/,
         ready_re: /worker=\d+ gen=\d+ .*ready/
       ) do |ctx|
         conf = ctx.write("pitchfork.conf.rb", unicorn_like_config(ctx))
-        { argv: ["pitchfork", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
+        { argv: [bench_bin("pitchfork") || "pitchfork", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
+      end,
+      iodine("iodine-2x1", 1),
+      iodine("iodine-2x5", PUMA_MANY_THREADS),
+      Recipe.new(
+        name: "itsi-2x1", gem: "itsi-server",
+        summary: "Itsi 0.2 (RubyGems, Rust core), workers N, threads 1, preload, ruby_thread_request_backlog_size #{BACKLOG}",
+        executable: -> { bench_bin("itsi") },
+        worker_re: nil, # workers keep the master's title: every process but the master
+        ready_re: /single_mode: \{"binds"/
+      ) do |ctx|
+        # Itsi answers 503 once a worker's queue for its Ruby threads holds 30 x threads requests;
+        # the others queue in the listen backlog, so Itsi's queue gets the same size.
+        conf = ctx.write("Itsi.rb", <<~RUBY)
+          workers #{ctx.workers}
+          threads 1
+          preload true
+          bind "http://#{ctx.tcp}"
+          bind "unix://#{ctx.unix_path}"
+          ruby_thread_request_backlog_size #{BACKLOG}
+        RUBY
+        { argv: [bench_bin("itsi"), "-C", conf, "-r", ctx.app_path], chdir: ctx.dir }
       end,
       Recipe.new(
-        name: "nginx",
+        name: "falcon", gem: "falcon",
+        # never run here (Falcon needs Ruby >= 3.3): binds TCP only, so the UNIX readiness check
+        # fails until a second endpoint is added
+        summary: "Falcon (RubyGems), --count N: fibers, one per request",
+        executable: -> { bench_bin("falcon") },
+        worker_re: nil,
+        ready_re: nil
+      ) do |ctx|
+        { argv: [bench_bin("falcon"), "serve", "--count", ctx.workers.to_s, "--config", ctx.app_path,
+                 "--bind", "http://#{ctx.tcp}"], chdir: ctx.dir }
+      end,
+      Recipe.new(
+        name: "nginx", ruby: false,
         summary: "nginx worker_processes N, `return 200` (static file for the 64 KiB app): the ceiling",
-        executable: -> { first_existing("/usr/sbin/nginx") || which("nginx") },
+        executable: -> { nginx_path },
         worker_re: /nginx: worker process/
       ) do |ctx|
         conf = ctx.write("nginx.conf", nginx_config(ctx))
-        { argv: [executable_path_for_nginx, "-e", "stderr", "-p", ctx.dir, "-c", conf], chdir: ctx.dir }
+        { argv: [nginx_path, "-e", "stderr", "-p", ctx.dir, "-c", conf], chdir: ctx.dir }
       end
     ].freeze
 
-    def self.executable_path_for_nginx = first_existing("/usr/sbin/nginx") || which("nginx")
+    # nginx in front of a Ruby server (the mixed workload's production shape); not a row itself.
+    FRONT = Recipe.new(
+      name: "nginx-front", ruby: false,
+      summary: "nginx, 1 worker, proxy_pass to the server's UNIX socket, upstream keepalive 16 (docs/DEPLOY.md)",
+      executable: -> { nginx_path },
+      worker_re: /nginx: worker process/
+    ) do |ctx|
+      conf = ctx.write("nginx.conf", nginx_front_config(ctx))
+      { argv: [nginx_path, "-e", "stderr", "-p", ctx.dir, "-c", conf], chdir: ctx.dir }
+    end
+
+    # Falcon has no twin: it cannot be installed on this Ruby, and a second absent row says nothing.
+    ALL = BASE.flat_map { |r| r.ruby? && r.name != "falcon" ? [r, r.with_yjit] : [r] }.freeze
+
+    def self.nginx_path = first_existing("/usr/sbin/nginx", which("nginx"))
 
     def self.names = ALL.map(&:name)
 

@@ -1,0 +1,88 @@
+# frozen_string_literal: true
+
+require_relative "options"
+
+module BlackbuckBench
+  # Which servers measure which workload in which cells, with what load, and how long the whole
+  # run will take. Printed at the start of every run; bench/test checks the full run's estimate
+  # against FULL_RUN_BUDGET_S.
+  module Plan
+    FULL_RUN_BUDGET_S = 45 * 60
+    # Calibrated on the shared 2-core machine with a load average of 4 (bench:quick: 1.3 s per
+    # 1 s measurement; 20 servers booted four at a time in 27 s, ten Rails servers in 22 s).
+    MEASURE_OVERHEAD_S = 0.5  # tool start and exit, /proc reads, Stats::SETTLE_S
+    BOOT_S = 1.5              # one server's boot and probe, four at a time, and its stop
+    RAILS_BOOT_S = 3.0
+    CROSSCHECK_RUNS = 8       # 4 runs (main, other, main, other) x 2 transports
+    # h2load runs a request count sized from the blackbuck-load warm-up's rate; where h2load
+    # gets less (io-wait, Blackbuck: half), a measurement lasts up to twice --duration
+    DRIVER_SLACK = { "h2load" => 1.5 }.freeze
+    MIN_RATE_WARMUP_S = 0.5 # warm-up that measures a rate for h2load's request count (even in quick)
+
+    # yjit_cells: the cells the +yjit twins run (all of them, but only the first in --quick)
+    Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true) do
+      def cells_for(server) = server.end_with?("+yjit") && quick ? cells.first(1) : cells
+
+      attr_accessor :quick
+    end
+
+    module_function
+
+    def build(opts)
+      opts[:workloads].map { |name| step(BlackbuckBench.workload(name), opts) }
+                      .reject { |s| s.cells.empty? || s.servers.empty? }
+    end
+
+    def step(w, opts)
+      cells = (opts[:quick] ? w.quick_cells : w.cells).select do |t, m|
+        opts[:transports].include?(t) && opts[:modes].include?(m)
+      end
+      duration = w.duration || opts[:duration]
+      duration = [duration, opts[:duration]].min if opts[:quick]
+      step = Step.new(workload: w, servers: servers_for(w, opts), cells: cells, workers: w.workers || opts[:workers],
+                      connections: w.connections || opts[:connections], duration: duration)
+      step.quick = opts[:quick] && !opts[:servers_given]
+      step
+    end
+
+    # nginx `return 200` only where it serves the same bytes (the ceiling); the +yjit twins only
+    # on the workloads where the app's Ruby code is more than a sleep, unless named in --servers.
+    def servers_for(w, opts)
+      opts[:servers].select do |name|
+        r = Servers.fetch(name)
+        next false if opts[:quick] && !opts[:servers_given] && w.quick_servers && !w.quick_servers.include?(name)
+        next w.ceiling && !w.front if !r.ruby?
+        next true if opts[:servers_given] || !r.yjit?
+
+        opts[:quick] ? w.quick_yjit : w.yjit
+      end
+    end
+
+    # => { cells:, measurements:, boots:, seconds: }; absent servers (present: false) cost nothing
+    def estimate(steps, opts, present: ->(name) { Servers.fetch(name).absent_reason.nil? })
+      n = steps.to_h { |s| [s, s.servers.count(&present)] }
+      cells_of = ->(s) { s.servers.select(&present).sum { |name| s.cells_for(name).size } }
+      cells = steps.sum(&cells_of)
+      measuring = steps.sum do |s|
+        cells_of.call(s) * opts[:repeat] * (s.duration * DRIVER_SLACK.fetch(s.workload.driver, 1) + MEASURE_OVERHEAD_S)
+      end
+      boots = steps.sum { |s| n[s] }
+      booting = steps.sum do |s|
+        warmup = s.workload.driver ? [opts[:warmup], MIN_RATE_WARMUP_S].max : opts[:warmup]
+        n[s] * ((s.workload.rack2 ? RAILS_BOOT_S : BOOT_S) + warmup)
+      end
+      cross = opts[:crosscheck] ? CROSSCHECK_RUNS * (opts[:duration] + MEASURE_OVERHEAD_S) : 0
+      { cells: cells, measurements: cells * opts[:repeat], boots: boots, seconds: (measuring + booting + cross).round }
+    end
+
+    def describe(steps, opts)
+      e = estimate(steps, opts)
+      lines = steps.map do |s|
+        "  #{s.workload.name}: #{s.servers.size} servers x #{s.cells.map { |c| c.join('/') }.join(', ')}, " \
+          "#{s.workers} workers, #{s.connections} connections, #{s.duration} s"
+      end
+      "plan: #{e[:cells]} cells x #{opts[:repeat]} runs = #{e[:measurements]} measurements, #{e[:boots]} boots; " \
+        "estimate #{(e[:seconds] / 60.0).round(1)} min\n#{lines.join("\n")}"
+    end
+  end
+end

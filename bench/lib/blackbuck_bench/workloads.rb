@@ -1,0 +1,89 @@
+# frozen_string_literal: true
+
+module BlackbuckBench
+  # What is measured: an app, the cells (transport x connection mode) it is measured in, and the
+  # load shape. Every server of the run serves every workload it applies to; bench/README.md
+  # gives each workload's method. Nil fields take the run's flags (--workers, --connections,
+  # --duration).
+  #
+  # cells        [[transport, mode], ...] in the full run; quick_cells in --quick
+  # targets      per-class load (blackbuck-load --target): [{ "name", "path", "weight" }]; the
+  #              connections are pinned to a class (--target-per-connection), so the weights
+  #              are connection counts
+  # front        "nginx": the client talks to nginx, which proxies to the server's UNIX socket
+  # ceiling      nginx `return 200` runs it too (the apps whose bytes nginx can serve alone)
+  # yjit         the +yjit twins run it; quick_yjit: in --quick too (their first quick cell only)
+  # quick_servers  in --quick, only these servers (nil: all): workloads whose code path does not
+  #              depend on the server (the seed hello, the front, the 64 KiB body) need not boot
+  #              every server in CI
+  # rack2        the app needs Rack 2.2 (Debian's Rails 6.1): peers get lib/rack2.rb first,
+  #              blackbuck runs under gemfiles/rails61.gemfile
+  # driver       the load tool for this workload (nil: the run's --driver); the warm-up always
+  #              uses the run's driver, so that h2load can size its request count from its rate
+  Workload = Struct.new(:name, :app, :title, :cells, :quick_cells, :workers, :connections, :duration,
+                        :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rack2,
+                        :driver, keyword_init: true) do
+    def mixed? = !targets.nil?
+
+    # blackbuck-load's --target arguments and --json "targets" are keyed by path
+    def class_name(path) = targets&.find { |t| t["path"] == path }&.dig("name") || path
+
+    def app_path = File.expand_path("../../apps/#{app}.ru", __dir__)
+  end
+
+  ALL_CELLS = [%w[tcp keepalive], %w[tcp close], %w[unix keepalive], %w[unix close]].freeze
+  UNIX_KA = [%w[unix keepalive]].freeze
+  MIXED_TARGETS = [{ "name" => "fast", "path" => "/fast", "weight" => 16 },
+                   { "name" => "slow", "path" => "/slow", "weight" => 2 }].freeze
+  MIXED_WORKERS = 4 # the mixed workload's own worker count (as measured by hand in issue 11)
+  MIXED_DURATION_S = 5 # long enough for each slow connection to make ~16 requests
+
+  WORKLOADS = [
+    Workload.new(name: "hello_length", app: "hello_length", cells: ALL_CELLS,
+                 quick_cells: [%w[tcp keepalive], %w[unix close]], ceiling: true, yjit: true, quick_yjit: true,
+                 title: "hello world with Content-Length"),
+    Workload.new(name: "hello", app: "hello", cells: UNIX_KA, quick_cells: UNIX_KA, ceiling: true,
+                 quick_servers: %w[blackbuck unicorn pitchfork nginx], # the three framings: length, EOF, chunked
+                 title: "hello world, no Content-Length (seed app: chunked or close-delimited)"),
+    Workload.new(name: "iowait", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
+                 title: "10 ms wait per request (a database call), 50 keep-alive clients"),
+    Workload.new(name: "iowait_burst", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
+                 driver: "h2load", quick_servers: %w[blackbuck unicorn puma8-2x5],
+                 title: "10 ms wait per request, the 50 connections opened at once (h2load)"),
+    Workload.new(name: "mixed", app: "mixed", cells: UNIX_KA, quick_cells: UNIX_KA, workers: MIXED_WORKERS,
+                 connections: MIXED_TARGETS.sum { |t| t["weight"] }, duration: MIXED_DURATION_S,
+                 targets: MIXED_TARGETS,
+                 title: "mixed: 16 clients on a 2 ms endpoint + 2 on a 300 ms one, #{MIXED_WORKERS} workers"),
+    Workload.new(name: "mixed_nginx", app: "mixed", cells: UNIX_KA, quick_cells: UNIX_KA, workers: MIXED_WORKERS,
+                 connections: MIXED_TARGETS.sum { |t| t["weight"] }, duration: MIXED_DURATION_S,
+                 targets: MIXED_TARGETS, front: "nginx", quick_servers: %w[blackbuck unicorn puma8-2x3],
+                 title: "mixed behind nginx (upstream keep-alive, docs/DEPLOY.md), #{MIXED_WORKERS} workers"),
+    Workload.new(name: "sinatra", app: "sinatra", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true,
+                 title: "Sinatra hello (Debian ruby-sinatra)"),
+    Workload.new(name: "big", app: "big", cells: UNIX_KA, quick_cells: UNIX_KA, ceiling: true, yjit: true,
+                 quick_servers: %w[blackbuck unicorn puma8-2x1 iodine-2x1 itsi-2x1 nginx],
+                 title: "64 KiB response"),
+    Workload.new(name: "rails", app: "rails", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true, rack2: true,
+                 title: "Rails 6.1 API endpoint rendering JSON (Rack 2.2)")
+  ].freeze
+
+  # A full run: every workload but the seed hello (its framing is in hello_length's probe; name
+  # it, or BENCH_ONLY=hello, to measure it).
+  DEFAULT_WORKLOADS = (WORKLOADS.map(&:name) - %w[hello]).freeze
+
+  def self.workload(name) = WORKLOADS.find { |w| w.name == name } || raise(ArgumentError, "unknown workload #{name}")
+
+  # BENCH_ONLY=NAME (or --only NAME): a named subset of the full run. servers: nil = the run's.
+  SUBSETS = {
+    "hello" => { workloads: %w[hello_length hello] },
+    "iowait" => { workloads: %w[iowait iowait_burst] },
+    "mixed" => { workloads: %w[mixed mixed_nginx] },
+    "rails" => { workloads: %w[rails] },
+    "sinatra" => { workloads: %w[sinatra] },
+    "big" => { workloads: %w[big] },
+    # YJIT against no YJIT: the workloads the twins run, Ruby servers only
+    "yjit" => { workloads: WORKLOADS.select(&:yjit).map(&:name), servers: :ruby_with_twins },
+    # the new peers against Blackbuck on the hello workload, UNIX socket keep-alive
+    "peers" => { workloads: %w[hello_length], transports: %w[unix], modes: %w[keepalive] }
+  }.freeze
+end
