@@ -19,6 +19,7 @@
  *   write_part / finish_body (streaming), write_continue, write_hints, flush,
  *   write_error(status)
  *   shutdown_write -> true (linger: discard_input until EOF) | false (close now); close; detach (hijack)
+ *   Conn.receive(sock, listeners) -> a connection another worker moved here (bb_handoff.c), or nil
  *
  * Output the client does not take at once is queued, in order: in memory up to response_buffer
  * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
@@ -27,7 +28,10 @@
  * written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
  */
 #include "bb_ext.h"
+#include "bb_pass.h"
 #include "bb_proxy.h"
+
+#include <pthread.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -76,6 +80,7 @@ enum { WRITE_DONE = 0, WRITE_PENDING = 1, STREAM_CHUNKED = 2, STREAM_RAW = 3, WR
 struct conn {
     int fd;
     int tcp;
+    int listener; /* index of the listener that accepted it (a moved connection keeps it) */
     int proxy; /* a PROXY protocol header is expected before the first request (proxy_protocol listener) */
     /* read buffer: unconsumed bytes are buf[off, len) */
     char *buf;
@@ -114,10 +119,14 @@ struct conn {
     double body_started; /* monotonic seconds when the request body began (min_body_rate) */
     double woke_at;      /* monotonic seconds: the worker's wake-up whose read last brought bytes (queue time) */
     double request_start; /* wall-clock seconds of the request's X-Request-Start; 0 = none or implausible */
+    double moved_ready;   /* monotonic seconds its waiting request was seen by the worker that moved it here; 0 = none */
+    int moved;            /* sent to another worker (bb_conn_pass): the worker only closes its fd now */
+    char peer[BB_PASS_ADDR_MAX + 1]; /* remote_addr as C text, for bb_conn_pass (which may not touch Ruby) */
     VALUE remote_addr, template, env, sink;
 };
 
 static VALUE cConn;
+static int queued(const struct conn *c);
 
 /* The response head under construction. A worker builds one response at a time and copies
  * whatever the client does not take at once into that connection's own out buffer, so one
@@ -132,6 +141,51 @@ static struct {
 #define BB_BUF_POOL 64
 static char *buf_pool[BB_BUF_POOL];
 static int buf_pool_n;
+
+/* Open connections by fd, for the hand-off watcher thread (bb_handoff.c), which finds the
+ * connections with a request waiting by fd and may not touch Ruby objects. Written by the worker's
+ * Ruby thread on setup and close, read by the watcher: both under table_lock. */
+static struct conn **by_fd;
+static int by_fd_cap;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void table_put(struct conn *c)
+{
+    pthread_mutex_lock(&table_lock);
+    if (c->fd >= by_fd_cap) {
+        int ncap = by_fd_cap ? by_fd_cap : 256;
+        struct conn **nt;
+        while (ncap <= c->fd) ncap *= 2;
+        nt = realloc(by_fd, sizeof(*nt) * (size_t)ncap);
+        if (!nt) {
+            pthread_mutex_unlock(&table_lock);
+            return; /* not movable, nothing else changes */
+        }
+        memset(nt + by_fd_cap, 0, sizeof(*nt) * (size_t)(ncap - by_fd_cap));
+        by_fd = nt;
+        by_fd_cap = ncap;
+    }
+    by_fd[c->fd] = c;
+    pthread_mutex_unlock(&table_lock);
+}
+
+static void table_drop(struct conn *c)
+{
+    if (c->fd < 0) return;
+    pthread_mutex_lock(&table_lock);
+    if (c->fd < by_fd_cap && by_fd[c->fd] == c) by_fd[c->fd] = NULL;
+    pthread_mutex_unlock(&table_lock);
+}
+
+static void set_peer(struct conn *c, VALUE addr)
+{
+    c->remote_addr = addr;
+    c->peer[0] = '\0';
+    if (RB_TYPE_P(addr, T_STRING) && RSTRING_LEN(addr) <= BB_PASS_ADDR_MAX) {
+        memcpy(c->peer, RSTRING_PTR(addr), (size_t)RSTRING_LEN(addr));
+        c->peer[RSTRING_LEN(addr)] = '\0';
+    }
+}
 
 static char *buf_get(size_t *cap)
 {
@@ -193,6 +247,7 @@ static void out_discard(struct conn *c)
 static void conn_free(void *p)
 {
     struct conn *c = p;
+    table_drop(c);
     if (c->fd >= 0) close(c->fd);
     out_discard(c);
     buf_put(c->buf, c->cap);
@@ -229,7 +284,7 @@ static struct conn *get_conn(VALUE self)
     return c;
 }
 
-static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, int proxy)
+static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, int proxy, int listener)
 {
     Check_Type(tmpl, T_HASH);
     c->buf = buf_get(&c->cap);
@@ -240,22 +295,88 @@ static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, 
     c->fd = fd;
     c->tcp = tcp;
     c->proxy = proxy;
-    c->remote_addr = addr;
+    c->listener = listener;
+    set_peer(c, addr);
     c->template = tmpl;
     c->keepalive = 1;
+    table_put(c);
 }
 
-/* Conn.accept(listen_fd, env_template, tcp, proxy_protocol = false) -> a new Conn, or nil when
- * nothing is pending. proxy_protocol: the connection starts with a PROXY protocol header (parse_proxy). */
+/* Conn.accept(listen_fd, env_template, tcp, proxy_protocol = false, listener_index = 0) -> a new Conn,
+ * or nil when nothing is pending. proxy_protocol: the connection starts with a PROXY protocol header
+ * (parse_proxy). listener_index: where Conn.receive finds its template after a move. */
 static VALUE conn_s_accept(int argc, VALUE *argv, VALUE klass)
 {
-    VALUE lfd, tmpl, tcp, proxy, addr = Qnil, obj;
+    VALUE lfd, tmpl, tcp, proxy, index, addr = Qnil, obj;
     int fd;
-    rb_scan_args(argc, argv, "31", &lfd, &tmpl, &tcp, &proxy);
+    rb_scan_args(argc, argv, "32", &lfd, &tmpl, &tcp, &proxy, &index);
     fd = bb_accept(NUM2INT(lfd), RTEST(tcp), &addr);
     if (fd < 0) return Qnil;
     obj = conn_alloc(klass);
-    conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp), RTEST(proxy));
+    conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp), RTEST(proxy), NIL_P(index) ? 0 : NUM2INT(index));
+    return obj;
+}
+
+/*
+ * bb_conn_pass(fd, sock, now): called by the hand-off watcher thread while the worker's Ruby
+ * thread runs the app (never touches Ruby). When fd is a connection waiting between requests
+ * (IDLE, nothing of it read into user space, no output queued, no PROXY header due), sends it over
+ * sock (bb_pass_send) and marks it moved: 1. Not such a connection: 0. The send failed: -1 with
+ * errno (EAGAIN: the queue is full).
+ */
+int bb_conn_pass(int fd, int sock, double now)
+{
+    struct conn *c;
+    struct bb_pass p;
+    int r = 0;
+    pthread_mutex_lock(&table_lock);
+    c = fd >= 0 && fd < by_fd_cap ? by_fd[fd] : NULL;
+    if (c && c->fd == fd && !c->moved && __atomic_load_n(&c->state, __ATOMIC_RELAXED) == BB_CONN_IDLE &&
+        c->off == c->len && !queued(c) && !c->proxy && c->watched) {
+        memset(&p, 0, sizeof(p));
+        p.listener = (uint32_t)c->listener;
+        p.flags = c->tcp ? BB_PASS_TCP : 0;
+        p.requests = c->requests;
+        p.ready_at = now;
+        memcpy(p.addr, c->peer, sizeof(p.addr));
+        r = bb_pass_send(sock, fd, &p);
+        if (r == 0) {
+            c->moved = 1;
+            r = 1;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    return r;
+}
+
+/*
+ * Conn.receive(sock_fd, listeners) -> a connection another worker moved here, nil when none is
+ * queued, or false for a message that could not be used (its socket is closed). listeners: for
+ * each listener index, [env_template, tcp].
+ */
+static VALUE conn_s_receive(VALUE klass, VALUE sock, VALUE listeners)
+{
+    struct bb_pass p;
+    VALUE entry, addr, obj;
+    struct conn *c;
+    int fd = bb_pass_recv(NUM2INT(sock), &p);
+    if (fd < 0) {
+        if (errno == EAGAIN) return Qnil;
+        if (errno == EBADMSG) return Qfalse;
+        rb_sys_fail("receiving a moved connection");
+    }
+    Check_Type(listeners, T_ARRAY);
+    entry = p.listener < (uint32_t)RARRAY_LEN(listeners) ? RARRAY_AREF(listeners, p.listener) : Qnil;
+    if (!RB_TYPE_P(entry, T_ARRAY) || RARRAY_LEN(entry) < 2) {
+        close(fd);
+        return Qfalse;
+    }
+    addr = p.addr[0] ? bb_fstring(p.addr, (long)strlen(p.addr)) : Qnil;
+    obj = conn_alloc(klass);
+    c = get_conn(obj);
+    conn_setup(c, fd, addr, RARRAY_AREF(entry, 0), RTEST(RARRAY_AREF(entry, 1)), 0, (int)p.listener);
+    c->requests = (long)p.requests;
+    c->moved_ready = p.ready_at;
     return obj;
 }
 
@@ -300,6 +421,10 @@ static VALUE conn_fill(VALUE self, VALUE woke_at)
     c->len += (size_t)n;
     c->drained = (size_t)n < room;
     c->woke_at = NUM2DBL(woke_at);
+    if (c->moved_ready > 0) { /* its request waited in the worker that moved it here: since then */
+        if (c->moved_ready < c->woke_at) c->woke_at = c->moved_ready;
+        c->moved_ready = 0;
+    }
     return LONG2FIX((long)n);
 }
 
@@ -494,7 +619,7 @@ static VALUE conn_parse_proxy(VALUE self)
     if (r < 0) return Qfalse;
     if (px.family == BB_PROXY_INET || px.family == BB_PROXY_INET6) {
         VALUE ip = bb_ip_string(px.family == BB_PROXY_INET ? AF_INET : AF_INET6, px.src_addr);
-        if (!NIL_P(ip)) c->remote_addr = ip;
+        if (!NIL_P(ip)) set_peer(c, ip);
     }
     c->proxy = 0;
     c->off += (size_t)r;
@@ -1400,6 +1525,7 @@ static VALUE conn_close(VALUE self)
 {
     struct conn *c = get_conn(self);
     if (c->fd < 0) return Qnil;
+    table_drop(c);
     close(c->fd);
     c->fd = -1;
     out_discard(c);
@@ -1419,6 +1545,7 @@ static VALUE conn_detach(VALUE self)
     int fd = c->fd;
     if (fd >= 0 && queued(c) && out_drain(c, bb_settings.write_timeout_ms) != WRITE_DONE) shutdown(fd, SHUT_RDWR);
     out_discard(c);
+    table_drop(c);
     c->fd = -1;
     return INT2NUM(fd);
 }
@@ -1457,6 +1584,7 @@ static VALUE conn_get_pending_output(VALUE self) { return queued(get_conn(self))
 ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
 ATTR_BOOL(proxy_pending, proxy)
+ATTR_BOOL(moved, moved)
 ATTR_VALUE(env)
 ATTR_VALUE(sink)
 
@@ -1508,6 +1636,8 @@ void bb_init_conn(void)
     rb_define_alloc_func(cConn, conn_alloc);
     rb_define_singleton_method(cConn, "accept", conn_s_accept, -1);
     rb_define_singleton_method(cConn, "spill_probe", conn_s_spill_probe, 0);
+    rb_define_singleton_method(cConn, "receive", conn_s_receive, 2);
+    rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
     rb_define_method(cConn, "queue_time", conn_queue_time, 0);
     rb_define_method(cConn, "parse_proxy", conn_parse_proxy, 0);
@@ -1552,6 +1682,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "sink=", conn_set_sink, 1);
     rb_define_method(cConn, "body_started", conn_get_body_started, 0);
     rb_define_method(cConn, "body_started=", conn_set_body_started, 1);
+    rb_define_const(cConn, "IDLE", INT2FIX(BB_CONN_IDLE));
     rb_define_const(cConn, "WRITE_DONE", INT2FIX(WRITE_DONE));
     rb_define_const(cConn, "WRITE_PENDING", INT2FIX(WRITE_PENDING));
     rb_define_const(cConn, "STREAM_CHUNKED", INT2FIX(STREAM_CHUNKED));

@@ -280,6 +280,7 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
 
     bb_init_conn();
     bb_init_poller();
+    bb_init_handoff();
     bb_init_scoreboard();
     bb_init_queue();
 }

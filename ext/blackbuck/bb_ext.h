@@ -55,7 +55,22 @@ void bb_warn(VALUE msg);
 /* Waits until fd is writable or timeout_ms passes, without holding the GVL. 1 ready, 0 timeout, -1 error. */
 int bb_wait_writable(int fd, int timeout_ms);
 
+/* Conn#state of a keep-alive connection waiting for its next request (Worker::IDLE is this). */
+#define BB_CONN_IDLE 0
+/* Hand-off (bb_handoff.c): moves fd to another worker over sock when it is a connection waiting
+ * between requests. 1 moved, 0 not such a connection, -1 with errno. Called without the GVL. */
+int bb_conn_pass(int fd, int sock, double now);
+
+/* The worker's poller, for the hand-off watcher thread (no Ruby calls, no GVL needed): */
+struct poller;
+struct poller *bb_poller_get(VALUE poller);
+/* fds readable now (timeout 0), at most max of them, connections with an error or hang-up left out. */
+int bb_poller_peek(struct poller *pl, int *fds, int max);
+/* Unregisters fd; 0 or -1 with errno. */
+int bb_poller_forget(struct poller *pl, int fd);
+
 void bb_init_conn(void);
+void bb_init_handoff(void);
 void bb_init_poller(void);
 void bb_init_scoreboard(void);
 void bb_init_queue(void);

@@ -10,10 +10,16 @@
  * Backend chosen at build time: epoll on Linux; poll(2) over a registry of fds elsewhere
  * (macOS, BSD; O(n) per wait, correct everywhere; BLACKBUCK_FORCE_POLL=1 builds it on Linux).
  * The wait runs without the GVL and is interrupted by signals, so traps run promptly.
+ *
+ * The hand-off watcher thread (bb_handoff.c) also looks at the poller while the worker's Ruby
+ * thread runs the app: bb_poller_peek and bb_poller_forget. epoll is safe to share between
+ * threads; the poll(2) registry is guarded by a mutex.
  */
 #include "bb_ext.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <unistd.h>
 #ifdef HAVE_SYS_EPOLL_H
 #include <sys/epoll.h>
@@ -36,6 +42,7 @@ struct poller {
     struct pollfd *fds; /* the registry */
     int nfds, cap;
     int next; /* round-robin start, so no fd starves the others */
+    pthread_mutex_t lock; /* registry changes against the hand-off watcher's peek */
 #endif
 };
 
@@ -103,14 +110,33 @@ static int backend_collect(struct poller *pl, int n, VALUE out)
     return n;
 }
 
+/* Its own event array: the Ruby thread's may be in use. */
+#define PEEK_MAX 256
+int bb_poller_peek(struct poller *pl, int *fds, int max)
+{
+    struct epoll_event ev[PEEK_MAX];
+    int n, i, got = 0;
+    if (max > PEEK_MAX) max = PEEK_MAX;
+    n = epoll_wait(pl->epfd, ev, max, 0);
+    for (i = 0; i < n; i++)
+        if ((ev[i].events & EPOLLIN) && !(ev[i].events & (EPOLLERR | EPOLLHUP | EPOLLRDHUP))) fds[got++] = ev[i].data.fd;
+    return got;
+}
+
+int bb_poller_forget(struct poller *pl, int fd)
+{
+    struct epoll_event ev = {0};
+    return epoll_ctl(pl->epfd, EPOLL_CTL_DEL, fd, &ev);
+}
+
 /* ---- backend: poll(2) ---- */
 #else
 
-static void backend_open(struct poller *pl) { (void)pl; }
+static void backend_open(struct poller *pl) { pthread_mutex_init(&pl->lock, NULL); }
 
 static void backend_close(struct poller *pl)
 {
-    xfree(pl->fds);
+    free(pl->fds);
     pl->fds = NULL;
     pl->nfds = pl->cap = 0;
 }
@@ -119,7 +145,8 @@ static size_t backend_size(const struct poller *pl) { return (size_t)pl->cap * s
 
 enum { OP_ADD, OP_MOD, OP_DEL };
 
-static int backend_ctl(struct poller *pl, int op, int fd, int mask)
+/* Caller holds pl->lock. */
+static int registry_ctl(struct poller *pl, int op, int fd, int mask)
 {
     int i;
     for (i = 0; i < pl->nfds && pl->fds[i].fd != fd; i++)
@@ -128,8 +155,11 @@ static int backend_ctl(struct poller *pl, int op, int fd, int mask)
         /* An fd number already registered was closed and reused: closing does not unregister
          * it here (unlike epoll), so the new socket just takes the entry over below. */
         if (pl->nfds == pl->cap) {
-            pl->cap = pl->cap ? pl->cap * 2 : 64;
-            REALLOC_N(pl->fds, struct pollfd, pl->cap);
+            int ncap = pl->cap ? pl->cap * 2 : 64;
+            struct pollfd *nf = realloc(pl->fds, sizeof(*nf) * (size_t)ncap);
+            if (!nf) return errno = ENOMEM, -1;
+            pl->fds = nf;
+            pl->cap = ncap;
         }
         pl->fds[pl->nfds].fd = fd;
         pl->nfds++;
@@ -145,6 +175,36 @@ static int backend_ctl(struct poller *pl, int op, int fd, int mask)
     return 0;
 }
 
+static int backend_ctl(struct poller *pl, int op, int fd, int mask)
+{
+    int r;
+    pthread_mutex_lock(&pl->lock);
+    r = registry_ctl(pl, op, fd, mask);
+    pthread_mutex_unlock(&pl->lock);
+    return r;
+}
+
+/* A copy of the registry is polled, so the Ruby thread may change it meanwhile. */
+int bb_poller_peek(struct poller *pl, int *fds, int max)
+{
+    struct pollfd *copy;
+    int n, i, got = 0;
+    pthread_mutex_lock(&pl->lock);
+    n = pl->nfds;
+    copy = malloc(sizeof(*copy) * (size_t)(n ? n : 1));
+    if (copy) memcpy(copy, pl->fds, sizeof(*copy) * (size_t)n);
+    pthread_mutex_unlock(&pl->lock);
+    if (!copy) return 0;
+    for (i = 0; i < n; i++) copy[i].events &= POLLIN; /* a request waiting, not room to write */
+    if (poll(copy, (nfds_t)n, 0) > 0)
+        for (i = 0; i < n && got < max; i++)
+            if ((copy[i].revents & POLLIN) && !(copy[i].revents & (POLLERR | POLLHUP | POLLNVAL))) fds[got++] = copy[i].fd;
+    free(copy);
+    return got;
+}
+
+int bb_poller_forget(struct poller *pl, int fd) { return backend_ctl(pl, OP_DEL, fd, 0); }
+
 static int backend_wait(struct poller *pl, int timeout_ms)
 {
     return poll(pl->fds, (nfds_t)pl->nfds, timeout_ms);
@@ -155,6 +215,7 @@ static int backend_collect(struct poller *pl, int n, VALUE out)
     int i, j, k, got = 0;
     /* Closed fds are never deleted from here (epoll forgets them by itself): poll flags them
      * POLLNVAL, and they are dropped before anything is reported. */
+    pthread_mutex_lock(&pl->lock);
     for (i = 0, j = 0; i < pl->nfds; i++)
         if (!(pl->fds[i].revents & POLLNVAL)) pl->fds[j++] = pl->fds[i];
     pl->nfds = j;
@@ -171,6 +232,7 @@ static int backend_collect(struct poller *pl, int n, VALUE out)
         got++;
     }
     if (pl->nfds) pl->next = (pl->next + 1) % pl->nfds;
+    pthread_mutex_unlock(&pl->lock);
     return got;
 }
 
@@ -209,6 +271,8 @@ static struct poller *get_poller(VALUE self)
     if (!pl->open) rb_raise(rb_eIOError, "poller is closed");
     return pl;
 }
+
+struct poller *bb_poller_get(VALUE self) { return get_poller(self); }
 
 static VALUE poller_init(VALUE self, VALUE size)
 {

@@ -40,6 +40,8 @@ struct sb_slot {
     int64_t spill_bytes;  /* bytes in the worker's response spill files (max_worker_spill) */
     int64_t started_us;   /* CLOCK_MONOTONIC us when the current request started (its duration) */
     uint64_t shed;        /* requests answered 503 by max_queue_time instead of the app */
+    uint64_t moved_out;   /* connections the hand-off watcher moved to another worker (Native::Handoff) */
+    uint64_t moved_in;    /* connections taken off the hand-off socket */
     struct sb_hist queue;    /* seconds from ready to the app's start (Conn#queue_time) */
     struct sb_hist duration; /* seconds in the app and writing its answer */
     char method[SB_METHOD_MAX];
@@ -190,13 +192,24 @@ static VALUE sb_request_shed(VALUE self, VALUE idx)
     return Qnil;
 }
 
-/* histograms(i) -> [[queue bucket counts, queue sum us], [duration counts, duration sum us], shed]
- * (counts per bucket, not cumulative; bounds: BUCKET_BOUNDS_US then +Inf). */
+/* histograms(i) -> [[queue bucket counts, queue sum us], [duration counts, duration sum us], shed,
+ * moved_out, moved_in] (counts per bucket, not cumulative; bounds: BUCKET_BOUNDS_US then +Inf). */
 static VALUE sb_histograms(VALUE self, VALUE idx)
 {
     struct sb_slot *s = slot(self, idx);
-    return rb_ary_new_from_args(3, hist_value(&s->queue), hist_value(&s->duration),
-                                ULL2NUM(__atomic_load_n(&s->shed, __ATOMIC_RELAXED)));
+    return rb_ary_new_from_args(5, hist_value(&s->queue), hist_value(&s->duration),
+                                ULL2NUM(__atomic_load_n(&s->shed, __ATOMIC_RELAXED)),
+                                ULL2NUM(__atomic_load_n(&s->moved_out, __ATOMIC_RELAXED)),
+                                ULL2NUM(__atomic_load_n(&s->moved_in, __ATOMIC_RELAXED)));
+}
+
+/* moves(i, out, in): the worker's own totals of connections moved out and taken in (they only grow). */
+static VALUE sb_moves(VALUE self, VALUE idx, VALUE out, VALUE in)
+{
+    struct sb_slot *s = slot(self, idx);
+    __atomic_store_n(&s->moved_out, NUM2ULL(out), __ATOMIC_RELAXED);
+    __atomic_store_n(&s->moved_in, NUM2ULL(in), __ATOMIC_RELAXED);
+    return Qnil;
 }
 
 /* tick(i, state, connections): the worker's loop is alive; also publishes its spill bytes. */
@@ -249,6 +262,7 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "histograms", sb_histograms, 1);
     rb_define_method(c, "request_done", sb_request_done, 2);
     rb_define_method(c, "tick", sb_tick, 3);
+    rb_define_method(c, "moves", sb_moves, 3);
     rb_define_method(c, "read", sb_read, 1);
     {
         VALUE bounds = rb_ary_new_capa(SB_BOUNDS);

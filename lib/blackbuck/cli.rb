@@ -119,6 +119,8 @@ module Blackbuck
         o.on("--max-memory-per-child KIB", "recycle a worker whose RSS passes KIB (0 = off)", &set(:max_memory_per_child))
         o.on("--[no-]sched-batch", "run workers under SCHED_BATCH on Linux (default on; see docs/CONFIGURATION.md)",
              &set(:sched_batch))
+        o.on("--handoff-after SEC", "move requests waiting on a busy worker's connections to a free worker once " \
+                                    "its app has run SEC (default 0.002; 0 = never)", &set(:handoff_after))
         o.on("--max-queue-time SEC", "answer 503 + Retry-After to a request that waited longer for the app " \
                                      "(default 0 = off)", &set(:max_queue_time))
         o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR", &set(:stats_listen))

@@ -38,6 +38,8 @@ module Blackbuck
       graceful_timeout: 30,           # seconds TERM waits for in-flight requests
       shutdown_delay: 0,              # seconds TERM keeps serving (GET /ready says 503) before the graceful stop
       max_queue_time: 0,              # seconds a request may have waited for the app, else 503 + Retry-After; 0 = off
+      handoff_after: 0.002,           # seconds the app may run before requests waiting on the worker's other
+                                      # connections move to a free worker; 0 = never move
       keepalive: true,
       keepalive_timeout: 75,          # seconds an idle keep-alive connection is kept (> common LB idle of 60 s)
       max_keepalive_requests: 1000,   # requests per connection, then "Connection: close"; 0 = no cap
@@ -112,7 +114,7 @@ module Blackbuck
       when :workers then @values[key] = int(key, value, 1, 4096)
       when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
         @values[key] = seconds(key, value)
-      when :shutdown_delay, :max_queue_time then @values[key] = seconds(key, value, zero: true)
+      when :shutdown_delay, :max_queue_time, :handoff_after then @values[key] = seconds(key, value, zero: true)
       when :max_headers then @values[key] = int(key, value, 1, 1000)
       when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
       when :min_requests_per_child

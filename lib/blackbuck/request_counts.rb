@@ -43,11 +43,19 @@ module Blackbuck
       end
     end
 
-    # Everything of one or more slots: request count, the two histograms, sheds.
-    Totals = Struct.new(:queue, :duration, :shed) do
-      def self.empty = new(Hist.empty, Hist.empty, 0)
-      def +(other) = Totals.new(queue + other.queue, duration + other.duration, shed + other.shed)
-      def -(other) = Totals.new(queue - other.queue, duration - other.duration, shed - other.shed)
+    # Everything of one or more slots: the two histograms, sheds, connections moved out and in.
+    Totals = Struct.new(:queue, :duration, :shed, :moved_out, :moved_in) do
+      def self.empty = new(Hist.empty, Hist.empty, 0, 0, 0)
+
+      def +(other)
+        Totals.new(queue + other.queue, duration + other.duration, shed + other.shed, moved_out + other.moved_out,
+                   moved_in + other.moved_in)
+      end
+
+      def -(other)
+        Totals.new(queue - other.queue, duration - other.duration, shed - other.shed, moved_out - other.moved_out,
+                   moved_in - other.moved_in)
+      end
     end
 
     def initialize(scoreboard)
@@ -95,11 +103,10 @@ module Blackbuck
       [current - base, now - at]
     end
 
-    private
-
+    # One slot's numbers (its current worker's, or its last one's).
     def slot_totals(index)
-      queue, duration, shed = @scoreboard.histograms(index)
-      Totals.new(Hist.from_slot(queue), Hist.from_slot(duration), shed)
+      queue, duration, shed, moved_out, moved_in = @scoreboard.histograms(index)
+      Totals.new(Hist.from_slot(queue), Hist.from_slot(duration), shed, moved_out, moved_in)
     end
   end
 end

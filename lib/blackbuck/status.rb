@@ -75,6 +75,7 @@ module Blackbuck
       slots = counts.per_slot(workers.to_h { |w| [w["index"], w["requests"]] })
       live = workers.reject { |w| w["state"] == "starting" }.map { |w| w["index"] }
       recent, seconds = counts.recent(live)
+      totals = counts.totals(live)
       listeners = @listeners.map do |l|
         queued, backlog = (l.io.closed? ? nil : Native.listen_queue(l.fd))
         { "name" => l.name, "queued" => queued, "backlog" => backlog }
@@ -93,7 +94,8 @@ module Blackbuck
           "connections" => workers.sum { |w| w["connections"] },
           "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
           "queued" => listeners.sum { |l| l["queued"] || 0 },
-          "shed" => counts.totals(live).shed
+          "shed" => totals.shed,
+          "moved" => totals.moved_out
         },
         # The last RequestCounts::WINDOW seconds (less while the master is younger): seconds from a
         # request's arrival (or its X-Request-Start) to the app's start, and seconds in the app.
@@ -102,7 +104,8 @@ module Blackbuck
           "requests" => recent.duration.count,
           "queue_time" => percentiles(recent.queue),
           "duration" => percentiles(recent.duration),
-          "shed" => recent.shed
+          "shed" => recent.shed,
+          "moved" => recent.moved_out
         }
       }
     end
@@ -142,10 +145,23 @@ module Blackbuck
                 totals.duration)
       family.call("blackbuck_requests_shed_total", "counter",
                   "Requests answered 503 because they had waited longer than max_queue_time.", [[{}, totals.shed]])
+      family.call("blackbuck_connections_moved_total", "counter",
+                  "Connections whose waiting request moved to a free worker while their own ran the app long.",
+                  [[{}, totals.moved_out]])
+      started = snap["workers"].reject { |w| w["state"] == "starting" }
+      family.call("blackbuck_worker_queue_seconds", "summary",
+                  "Seconds a worker's requests waited for its app (arrival to app start), over its life.",
+                  started.flat_map do |w|
+                    w["queue_time"].filter_map do |q, v|
+                      [{ "worker" => w["index"], "quantile" => QUANTILE_LABELS.fetch(q) }, v] if v
+                    end
+                  end)
       out
     end
 
     private
+
+    QUANTILE_LABELS = { "p50" => "0.5", "p99" => "0.99" }.freeze
 
     def percentiles(hist)
       { "p50" => hist.quantile(0.5)&.round(6), "p99" => hist.quantile(0.99)&.round(6) }
@@ -166,6 +182,7 @@ module Blackbuck
     def worker_entry(child)
       pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path, spill = @scoreboard.read(child.index)
       started = pid == child.pid # the slot is the fork's until the worker resets it
+      own = started ? @supervisor.request_counts.slot_totals(child.index) : RequestCounts::Totals.empty
       {
         "index" => child.index,
         "pid" => child.pid,
@@ -176,7 +193,12 @@ module Blackbuck
         "running_ms" => started ? running_ms : 0,
         "method" => started && running_ms.positive? ? method : nil,
         "path" => started && running_ms.positive? ? path : nil,
-        "heartbeat_age_ms" => started ? heartbeat_age_ms : nil
+        "heartbeat_age_ms" => started ? heartbeat_age_ms : nil,
+        # Since the worker started: its requests' wait from arrival to the app's start, and the
+        # connections it moved to other workers (Native::Handoff) or took from them.
+        "queue_time" => percentiles(own.queue),
+        "moved_out" => own.moved_out,
+        "moved_in" => own.moved_in
       }
     end
 

@@ -33,6 +33,9 @@ module Blackbuck
       @notify = notify       # SystemdNotify under a Type=notify unit, else nil
       @announced = false     # READY=1 said for the current set of workers
       @drain_until = nil     # shutdown_delay: when TERM's delay is over
+      # Connections move between this master's workers over it (Native::Handoff, handoff_after).
+      # Made once per generation, so a HUP re-exec's workers never take the old ones' (close-on-exec).
+      @handoff = config[:handoff_after].positive? ? Socket.pair(:UNIX, :SEQPACKET) : nil
     end
 
     # Serving, as GET /ready tells a load balancer or Kubernetes: not from the moment a stop
@@ -161,7 +164,7 @@ module Blackbuck
       batch_scheduling if @config[:sched_batch] # before the hook, so threads it starts inherit it
       @config[:after_fork]&.call(self, index)
       Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
-                 scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit).run
+                 scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit, handoff: @handoff).run
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
       @logger.exception("worker #{index} crashed", e)

@@ -9,12 +9,14 @@ require_relative "response"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
-  # and every client connection. It runs one request at a time, but waiting (for a request
-  # head, a body, an idle keep-alive client, a slow reader) never holds it: those are just
-  # connections in the epoll set. See docs/ARCHITECTURE.md for one request's path.
+  # the hand-off socket, and every client connection. It runs one request at a time, but waiting
+  # (for a request head, a body, an idle keep-alive client, a slow reader) never holds it: those
+  # are just connections in the epoll set. And a request that arrives on one of its connections
+  # while the app runs long does not wait for it: the hand-off watcher (Native::Handoff) moves that
+  # connection to a free worker. See docs/ARCHITECTURE.md for one request's path.
   class Worker
     # Connection states (Conn#state).
-    IDLE = 0  # keep-alive, no byte of the next request yet
+    IDLE = Native::Conn::IDLE # keep-alive, no byte of the next request yet (only these may move)
     HEAD = 1  # part of a request head received
     BODY = 2  # reading the request body
     WRITE = 3  # response bytes waiting for the client
@@ -43,7 +45,7 @@ module Blackbuck
 
     attr_reader :index, :config, :logger, :scoreboard
 
-    def initialize(index:, app:, config:, listeners:, control:, scoreboard:, logger:, requests_limit: 0)
+    def initialize(index:, app:, config:, listeners:, control:, scoreboard:, logger:, requests_limit: 0, handoff: nil)
       @index = index
       @app = app
       @config = config
@@ -52,6 +54,8 @@ module Blackbuck
       @scoreboard = scoreboard
       @logger = logger
       @requests_limit = requests_limit
+      @handoff_socket = handoff # [send end, receive end] shared by the generation's workers, or nil
+      @moved_in = 0
       @conns = {}
       @ready = []
       @served = 0
@@ -84,15 +88,22 @@ module Blackbuck
       @rack_version = Blackbuck.rack_version
       @poller = Native::Poller.new(256)
       @listener_by_fd = {}
-      @listeners.each do |l|
+      @listener_index = {}
+      @listeners.each_with_index do |l, i|
         @listener_by_fd[l.fd] = l
+        @listener_index[l.fd] = i
         @poller.add(l.fd, Native::Poller::EXCLUSIVE)
       end
       @poller.add(@control.fileno, IN)
+      start_handoff
       @scoreboard.reset(@index, Process.pid)
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
       loop_until_done
+      if @handoff
+        @handoff.stop
+        @scoreboard.moves(@index, @handoff.moved_out, @moved_in)
+      end
       @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests")
     end
 
@@ -112,9 +123,12 @@ module Blackbuck
       @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"], queued)
       @in_app = true
       begin
+        @handoff&.app_begin
         mode = @response.handle(conn, env)
       ensure
         @in_app = false
+        moved = @handoff&.app_end
+        release_moved(moved) if moved
         @scoreboard.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
       end
       @served += 1
@@ -183,6 +197,47 @@ module Blackbuck
 
     private
 
+    # handoff_after: a watcher thread moves connections whose request waits while the app runs long
+    # (Native::Handoff); every worker takes moved connections off the generation's hand-off socket
+    # as it accepts new ones.
+    def start_handoff
+      return unless @handoff_socket && @config[:handoff_after].positive?
+
+      sender, receiver = @handoff_socket
+      @handoff = Native::Handoff.new(@poller, sender.fileno, @config[:handoff_after])
+      @handoff.start
+      @handoff_fd = receiver.fileno
+      @listener_info = @listeners.map { |l| [l.env_template(@rack_version), l.tcp?].freeze }.freeze
+      @poller.add(@handoff_fd, Native::Poller::EXCLUSIVE)
+    end
+
+    # Connections the watcher moved to the hand-off socket while the app ran: another worker owns
+    # them now. Their fds here are closed (the sockets live on there) and forgotten.
+    def release_moved(fds)
+      fds.each do |fd|
+        conn = @conns[fd]
+        next unless conn&.moved?
+
+        untrack(conn)
+        conn.close
+      end
+    end
+
+    # A connection another worker moved here: served like a fresh one, whose request is waiting.
+    # One per loop turn, so free workers share the queue.
+    def adopt
+      conn = Native::Conn.receive(@handoff_fd, @listener_info)
+      return conn if conn.nil? || conn == false
+
+      fd = conn.fd
+      @conns[fd] = conn
+      @moved_in += 1
+      conn.deadline = now + @header_timeout
+      on_readable(conn)
+      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)
+      conn
+    end
+
     def install_traps
       # A second one forces the stop (Ctrl-C reaches the master and its workers alike).
       %i[TERM INT QUIT].each { |sig| trap(sig) { @stop_signals += 1 } }
@@ -211,6 +266,8 @@ module Blackbuck
             on_event(conn, ev)
           elsif (l = @listener_by_fd[fd])
             accept_from(l) unless @stopping
+          elsif fd == @handoff_fd
+            adopt if @conns.size < @max_connections
           elsif fd == @control.fileno
             on_control
           end
@@ -234,7 +291,7 @@ module Blackbuck
           return
         end
         conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version), listener.tcp?,
-                                   listener.proxy_protocol?)
+                                   listener.proxy_protocol?, @listener_index[listener.fd])
         return unless conn
 
         fd = conn.fd
@@ -254,6 +311,7 @@ module Blackbuck
 
       @paused = true
       @listener_by_fd.each_key { |fd| @poller.delete(fd) }
+      @poller.delete(@handoff_fd) if @handoff_fd
     end
 
     def resume_accepting
@@ -261,6 +319,7 @@ module Blackbuck
 
       @paused = false
       @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) }
+      @poller.add(@handoff_fd, Native::Poller::EXCLUSIVE) if @handoff_fd
     end
 
     def on_event(conn, ev)
@@ -363,7 +422,7 @@ module Blackbuck
       @listeners.each { |l| l.io.close unless l.io.closed? }
       drain_until = now + STOP_IDLE_DRAIN
       @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
-      @exit = true if @conns.empty?
+      @next_tick = now # tick exits once nothing is left (#drained?), from the loop
     end
 
     # A second stop request: every connection is closed now (slow readers lose what they have not
@@ -391,8 +450,16 @@ module Blackbuck
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
       check_memory unless @stopping || @max_rss_kib.zero?
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
+      @scoreboard.moves(@index, @handoff.moved_out, @moved_in) if @handoff
       $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping} requests: #{@served} connections: #{@conns.size}"
-      @exit = true if @stopping && (@conns.empty? || t >= @stop_deadline)
+      @exit = true if @stopping && (t >= @stop_deadline || drained?)
+    end
+
+    # A stopping worker is done when it has no connection left and none waits on the hand-off
+    # socket: a connection this worker moved just before the stop could otherwise be left there
+    # when the whole generation stops. It takes one per call and serves it ("Connection: close").
+    def drained?
+      @conns.empty? && !(@handoff_fd && adopt)
     end
 
     # Connections past their deadline: idle ones close (in stages), half-received requests get

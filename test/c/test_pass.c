@@ -1,0 +1,234 @@
+/*
+ * test_pass.c - bb_pass_send / bb_pass_recv (ext/blackbuck/bb_pass.c) under ASan/UBSan:
+ * a connection's socket and record cross a SEQPACKET pair intact, its unread request bytes
+ * travel with it, a full queue says EAGAIN, malformed messages are refused with every fd they
+ * carried closed, and no descriptor leaks (counted in /proc/self/fd before and after).
+ */
+#define _GNU_SOURCE
+#include "bb_pass.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static int failures, checks;
+
+#define CHECK(cond, ...)                                                                                              \
+    do {                                                                                                              \
+        checks++;                                                                                                     \
+        if (!(cond)) {                                                                                                \
+            failures++;                                                                                               \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                      \
+            fprintf(stderr, __VA_ARGS__);                                                                             \
+            fputc('\n', stderr);                                                                                      \
+        }                                                                                                             \
+    } while (0)
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    struct dirent *e;
+    if (!d) return -1;
+    while ((e = readdir(d))) n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the directory's own fd */
+}
+
+static void pair(int type, int sv[2])
+{
+    if (socketpair(AF_UNIX, type | SOCK_CLOEXEC, 0, sv) != 0) {
+        perror("socketpair");
+        exit(2);
+    }
+}
+
+static void test_round_trip(int chan[2])
+{
+    int conn[2], got, flags;
+    char buf[64];
+    ssize_t n;
+    struct bb_pass p, q;
+
+    pair(SOCK_STREAM, conn);
+    memset(&p, 0, sizeof(p));
+    p.listener = 3;
+    p.flags = BB_PASS_TCP;
+    p.requests = 41;
+    p.ready_at = 12345.5;
+    strcpy(p.addr, "2001:db8::ffff:192.0.2.128");
+    /* the client's next request is waiting, unread, when the socket moves */
+    CHECK(write(conn[1], "GET /next HTTP/1.1\r\n\r\n", 22) == 22, "client write");
+    CHECK(bb_pass_send(chan[0], conn[0], &p) == 0, "send: %s", strerror(errno));
+    close(conn[0]); /* the sender lets go; the socket lives on in the message */
+    memset(&q, 0xAA, sizeof(q));
+    got = bb_pass_recv(chan[1], &q);
+    CHECK(got >= 0, "recv: %s", strerror(errno));
+    if (got < 0) return;
+    CHECK(q.listener == 3 && q.flags == BB_PASS_TCP && q.requests == 41 && q.ready_at == 12345.5,
+          "record fields differ");
+    CHECK(strcmp(q.addr, p.addr) == 0, "addr %s", q.addr);
+    flags = fcntl(got, F_GETFD);
+    CHECK(flags >= 0 && (flags & FD_CLOEXEC), "received fd is close-on-exec");
+    n = read(got, buf, sizeof(buf));
+    CHECK(n == 22 && memcmp(buf, "GET /next", 9) == 0, "the request bytes travel with the socket (%zd)", n);
+    CHECK(write(got, "HTTP/1.1 200 OK\r\n\r\n", 19) == 19, "answer on the moved socket");
+    n = read(conn[1], buf, sizeof(buf));
+    CHECK(n == 19, "client reads the answer (%zd)", n);
+    close(got);
+    n = read(conn[1], buf, sizeof(buf));
+    CHECK(n == 0, "client sees the close once the last holder closes (%zd)", n);
+    close(conn[1]);
+}
+
+static void test_empty_queue(int chan[2])
+{
+    struct bb_pass q;
+    errno = 0;
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EAGAIN, "empty queue: EAGAIN (%s)", strerror(errno));
+}
+
+static void test_long_addr_cut(int chan[2])
+{
+    int conn[2], got;
+    struct bb_pass p, q;
+    pair(SOCK_STREAM, conn);
+    memset(&p, 0, sizeof(p));
+    memset(p.addr, 'x', sizeof(p.addr)); /* no NUL: the sender terminates it */
+    CHECK(bb_pass_send(chan[0], conn[0], &p) == 0, "send");
+    got = bb_pass_recv(chan[1], &q);
+    CHECK(got >= 0 && strlen(q.addr) == BB_PASS_ADDR_MAX, "addr cut to BB_PASS_ADDR_MAX");
+    if (got >= 0) close(got);
+    close(conn[0]);
+    close(conn[1]);
+}
+
+/* A full queue refuses without blocking or losing a socket; draining gives back every one. */
+static void test_full_queue(void)
+{
+    int chan[2], sent = 0, got = 0, i, fd, sz = 4096;
+    int conn[2];
+    struct bb_pass p, q;
+    pair(SOCK_SEQPACKET, chan);
+    setsockopt(chan[0], SOL_SOCKET, SO_SNDBUF, &sz, sizeof(sz));
+    pair(SOCK_STREAM, conn);
+    memset(&p, 0, sizeof(p));
+    for (i = 0; i < 100000; i++) {
+        p.requests = i;
+        if (bb_pass_send(chan[0], conn[0], &p) != 0) break;
+        sent++;
+    }
+    CHECK(i < 100000 && errno == EAGAIN, "a full queue says EAGAIN (after %d, %s)", sent, strerror(errno));
+    CHECK(sent > 0, "some were sent before it filled");
+    while ((fd = bb_pass_recv(chan[1], &q)) >= 0) {
+        CHECK(q.requests == got, "in order: %ld vs %d", (long)q.requests, got);
+        got++;
+        close(fd);
+    }
+    CHECK(got == sent, "every queued socket comes back (%d of %d)", got, sent);
+    close(conn[0]);
+    close(conn[1]);
+    close(chan[0]);
+    close(chan[1]);
+}
+
+static void send_raw(int sock, const void *data, size_t len, const int *fds, int nfds)
+{
+    struct iovec iov = {(void *)data, len};
+    struct msghdr msg;
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 8)];
+        struct cmsghdr align;
+    } ctl;
+    memset(&msg, 0, sizeof(msg));
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (nfds) {
+        struct cmsghdr *cm;
+        msg.msg_control = ctl.buf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+        cm = CMSG_FIRSTHDR(&msg);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+        memcpy(CMSG_DATA(cm), fds, sizeof(int) * nfds);
+    }
+    if (sendmsg(sock, &msg, 0) < 0) {
+        perror("sendmsg");
+        exit(2);
+    }
+}
+
+/* Stray or broken messages: refused with EBADMSG, every fd they carried closed. */
+static void test_malformed(int chan[2])
+{
+    int conn[2], fds[3], before;
+    struct bb_pass q;
+    char junk[256];
+    uint32_t magic = 0x42425031u;
+
+    pair(SOCK_STREAM, conn);
+    before = open_fds();
+    memset(junk, 0, sizeof(junk));
+    memcpy(junk, &magic, sizeof(magic));
+
+    send_raw(chan[0], "x", 1, NULL, 0); /* short, no fd */
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "short message: EBADMSG");
+
+    fds[0] = dup(conn[0]);
+    send_raw(chan[0], "short", 5, fds, 1); /* short, with an fd */
+    close(fds[0]);
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "short message with an fd: EBADMSG");
+    CHECK(open_fds() == before, "its fd was closed (%d vs %d)", open_fds(), before);
+
+    /* a record of the right size and magic but no fd */
+    send_raw(chan[0], junk, sizeof(uint32_t) + sizeof(struct bb_pass), NULL, 0);
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "no fd: EBADMSG");
+
+    /* ... with three fds */
+    fds[0] = dup(conn[0]), fds[1] = dup(conn[0]), fds[2] = dup(conn[1]);
+    send_raw(chan[0], junk, sizeof(uint32_t) + sizeof(struct bb_pass), fds, 3);
+    close(fds[0]), close(fds[1]), close(fds[2]);
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "three fds: EBADMSG");
+    CHECK(open_fds() == before, "all three closed (%d vs %d)", open_fds(), before);
+
+    /* wrong magic, right size, one fd */
+    memset(junk, 0x5A, sizeof(junk));
+    fds[0] = dup(conn[0]);
+    send_raw(chan[0], junk, sizeof(uint32_t) + sizeof(struct bb_pass), fds, 1);
+    close(fds[0]);
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "wrong magic: EBADMSG");
+    CHECK(open_fds() == before, "its fd was closed (%d vs %d)", open_fds(), before);
+
+    /* too long: truncated by the kernel */
+    fds[0] = dup(conn[0]);
+    send_raw(chan[0], junk, sizeof(junk), fds, 1);
+    close(fds[0]);
+    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "too long: EBADMSG");
+    CHECK(open_fds() == before, "its fd was closed (%d vs %d)", open_fds(), before);
+
+    test_empty_queue(chan); /* nothing left behind */
+    close(conn[0]);
+    close(conn[1]);
+}
+
+int main(void)
+{
+    int chan[2], before = open_fds();
+    pair(SOCK_SEQPACKET, chan);
+    test_empty_queue(chan);
+    test_round_trip(chan);
+    test_long_addr_cut(chan);
+    test_malformed(chan);
+    close(chan[0]);
+    close(chan[1]);
+    test_full_queue();
+    CHECK(open_fds() == before, "no fd leaked (%d vs %d)", open_fds(), before);
+    printf("test_pass: %d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,199 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+
+# handoff_after (Native::Handoff): a request that arrives on a keep-alive connection of a worker
+# whose app is busy with a slow request is served by a free worker, not held hostage; the connection
+# keeps its state (client address, requests served) and stays open; nothing is lost or served twice
+# when the server stops while a moved connection waits for a worker; no descriptor leaks.
+# Also run against the poll(2) poller (rake test:poll).
+class HandoffTest < ServerTest
+  SLOW = 1.5  # seconds the slow request runs
+  BOUND = 0.8 # seconds: a moved request must be answered well within the slow one's time
+
+  # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
+  # A worker accepts every pending connection at once, so a handful opened together share one.
+  def same_worker_pair(open)
+    conns = Array.new(8) { open.call }
+    pids = conns.map { |c| served_by(get(c, "/")) }
+    i, j = (0...conns.size).to_a.combination(2).find { |x, y| pids[x] == pids[y] }
+    refute_nil i, "no two of 8 connections landed on one worker: #{pids.inspect}"
+    (conns - [conns[i], conns[j]]).each(&:close)
+    [conns[i], conns[j], pids[i]]
+  end
+
+  def get(io, path)
+    res = request(io, "GET", path)
+    refute_nil res, "no answer to GET #{path}"
+    assert_equal 200, res.status
+    res
+  end
+
+  # Sends a GET without waiting for its answer.
+  def send_get(io, path) = io.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+
+  def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # The hostage scenario: a slow request on a, then a fast one on b (same worker). Returns
+  # [seconds b waited, the pid that answered b, the slow worker's pid, a, b].
+  def hostage(server, transport)
+    a, b, pid = same_worker_pair(-> { transport == :unix ? server.unix : server.tcp })
+    send_get(a, "/?sleep=#{SLOW}")
+    sleep 0.2 # the slow request is in the app
+    t = now
+    res = get(b, "/fast")
+    waited = now - t
+    slow = read_response(a, timeout: 10)
+    assert_equal 200, slow&.status, "the slow request is answered too"
+    assert_equal pid, served_by(slow)
+    [waited, served_by(res), pid, a, b]
+  end
+
+  def test_a_waiting_request_moves_to_a_free_worker_over_tcp
+    server = start_both(app: "handoff.ru", workers: 2)
+    waited, by, slow_pid, a, b = hostage(server, :tcp)
+    assert_operator waited, :<, BOUND, "the fast request waited #{waited.round(3)} s behind the slow one"
+    refute_equal slow_pid, by, "the other worker answered it"
+    # The connection lives on in its new worker: keep-alive, the same socket.
+    assert_equal by, served_by(get(b, "/again"))
+    assert_equal slow_pid, served_by(get(a, "/"))
+  ensure
+    [a, b].each { |io| io&.close }
+  end
+
+  def test_a_waiting_request_moves_to_a_free_worker_over_unix
+    server = start_both(app: "handoff.ru", workers: 2)
+    waited, by, slow_pid, a, b = hostage(server, :unix)
+    assert_operator waited, :<, BOUND, "the fast request waited #{waited.round(3)} s behind the slow one"
+    refute_equal slow_pid, by
+    assert_equal by, served_by(get(b, "/again"))
+  ensure
+    [a, b].each { |io| io&.close }
+  end
+
+  # The control: with the watcher off, the same request waits for the slow one (the old behaviour).
+  def test_without_handoff_the_request_waits_for_the_slow_one
+    server = start_both(["--handoff-after", "0"], app: "handoff.ru", workers: 2)
+    waited, by, slow_pid, a, b = hostage(server, :tcp)
+    assert_operator waited, :>, SLOW - 0.5, "with handoff_after 0 nothing moves"
+    assert_equal slow_pid, by
+  ensure
+    [a, b].each { |io| io&.close }
+  end
+
+  # A PROXY protocol client address and the keep-alive request count travel with the connection.
+  def test_a_moved_connection_keeps_its_client_address_and_request_count
+    server = start_server(["-l", "127.0.0.1:0", "--proxy-protocol", "--max-keepalive-requests", "3"],
+                          app: "handoff.ru", workers: 2)
+    n = 0
+    open = lambda do
+      s = server.tcp
+      s.write("PROXY TCP4 203.0.113.#{n += 1} 127.0.0.1 40000 80\r\n")
+      s
+    end
+    a, b, pid = same_worker_pair(open)
+    addr = get(b, "/").body[/addr=(\S+)/, 1] # b's second request, still on the first worker
+    assert_match(/\A203\.0\.113\.\d+\z/, addr)
+    send_get(a, "/?sleep=#{SLOW}")
+    sleep 0.2
+    res = get(b, "/third") # its third: moved, and the last max_keepalive_requests allows
+    refute_equal pid, served_by(res), "the request moved"
+    assert_equal addr, res.body[/addr=(\S+)/, 1], "REMOTE_ADDR from the PROXY header survives the move"
+    assert_equal "close", res.headers["connection"], "the count went on: the 3rd request is the last"
+    assert closed_by_peer?(b)
+    assert_equal 200, read_response(a, timeout: 10)&.status
+  ensure
+    [a, b].each { |io| io&.close }
+  end
+
+  # Moves show in /status (per worker and in total) and /metrics; no descriptor stays behind.
+  def test_moves_are_counted_and_leave_no_descriptor_behind
+    dir = Dir.mktmpdir("bb-test")
+    stats = "#{dir}/status.sock"
+    server = start_server(["-l", "127.0.0.1:0", "--stats-listen", "unix:#{stats}"], dir: dir, app: "handoff.ru",
+                                                                                     workers: 2)
+    pids = server.worker_pids
+    baseline = pids.to_h { |p| [p, socket_fds(p)] }
+    _waited, by, slow_pid, a, b = hostage(server, :tcp)
+    refute_equal slow_pid, by
+    status = wait_for do
+      s = JSON.parse(stats_get(stats, "/status"))
+      s if s["totals"]["moved"] >= 1 && s["workers"].sum { |w| w["moved_in"] } >= 1
+    end
+    workers = status["workers"].to_h { |w| [w["pid"], w] }
+    assert_equal 1, workers[slow_pid]["moved_out"]
+    assert_equal 1, workers[by]["moved_in"]
+    assert_equal 1, status["recent"]["moved"]
+    assert_operator workers[by]["queue_time"]["p99"], :<, BOUND
+    metrics = stats_get(stats, "/metrics")
+    assert_match(/^blackbuck_connections_moved_total 1$/, metrics)
+    assert_match(/^blackbuck_worker_queue_seconds\{worker="\d",quantile="0.99"\} [\d.]+$/, metrics)
+    [a, b].each(&:close)
+    wait_for { pids.all? { |p| socket_fds(p) == baseline[p] } }
+  ensure
+    [a, b].each { |io| io&.close unless io&.closed? }
+  end
+
+  # Both workers are busy, so the moved connection waits on the hand-off socket when TERM comes:
+  # it is still served (then closed with the rest), and every request is answered once.
+  def test_term_while_a_moved_connection_waits_for_a_worker
+    server = start_both(app: "handoff.ru", workers: 2)
+    a1, b, pid = same_worker_pair(-> { server.tcp })
+    send_get(a1, "/?sleep=#{SLOW}")
+    sleep 0.2
+    a2 = server.tcp # the other worker accepts it (the first is in its app)
+    send_get(a2, "/?sleep=#{SLOW}")
+    sleep 0.2
+    send_get(b, "/waiting")
+    sleep 0.2 # moved out by now; no worker is free
+    server.signal(:TERM)
+    r1 = read_response(a1, timeout: 10)
+    r2 = read_response(a2, timeout: 10)
+    rb = read_response(b, timeout: 10)
+    assert_equal [200, 200, 200], [r1&.status, r2&.status, rb&.status]
+    assert_equal pid, served_by(r1)
+    refute_equal pid, served_by(r2), "the second slow request ran on the other worker"
+    assert closed_by_peer?(b), "the stopping server closes it after its answer"
+    assert_equal 0, server.wait_exit(15)&.exitstatus
+  ensure
+    [a1, a2, b].each { |io| io&.close }
+  end
+
+  # Under load with recycling workers, every request the client sent is answered exactly once: the
+  # client's count of answers equals the server's count of requests served.
+  def test_every_request_is_served_once_under_load_with_recycling
+    load = File.join(ROOT, "loadgen", "blackbuck-load")
+    skip "blackbuck-load not built (rake compile)" unless File.executable?(load)
+    dir = Dir.mktmpdir("bb-test")
+    stats = "#{dir}/status.sock"
+    server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{stats}",
+                           "--max-requests-per-child", "40", "--min-requests-per-child", "20"],
+                          dir: dir, app: "handoff.ru", workers: 2)
+    json = "#{dir}/load.json"
+    out = IO.popen([load, "-t1", "-c6", "-d3s", "--timeout", "5s", "--target", "GET /?sleep=0.03", "1",
+                    "--target", "GET /", "3", "-P", server.unix_path, "--json", json, "http://localhost/"],
+                   err: %i[child out], &:read)
+    report = JSON.parse(File.read(json))
+    answered = report.dig("requests")
+    assert_operator answered, :>, 100, out
+    assert_equal 0, report.dig("errors", "total") || 0, out
+    assert_equal 0, report["non_2xx"] || 0, out
+    served = wait_for { (s = JSON.parse(stats_get(stats, "/status"))["totals"])["requests"] >= answered && s }
+    assert_equal answered, served["requests"], "requests served by the server vs answers the client got"
+    assert_operator served["moved"], :>, 0, "connections moved while the 30 ms requests ran"
+    assert_operator server.log.scan(/worker \d+ \(pid \d+\) ready/).size, :>, 2, "workers were recycled"
+  end
+
+  private
+
+  def stats_get(path, target)
+    io = UNIXSocket.new(path)
+    io.write("GET #{target} HTTP/1.1\r\nHost: x\r\n\r\n")
+    read_response(io).body
+  ensure
+    io&.close
+  end
+end
