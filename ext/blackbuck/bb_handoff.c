@@ -18,8 +18,9 @@
  *   loop_lock   held by the Ruby thread at all times except while the app runs (app_begin ..
  *               app_end). The watcher only moves connections while it holds it (trylock), so it
  *               never races the event loop, and app_end waits for a move in progress to finish.
- *   lock, cond  the watcher's sleep: parked while no app runs (app_begin wakes it), otherwise timed
- *               waits until the app has run handoff_after, then every handoff_after while it runs.
+ *   lock, cond  the watcher's sleep: timed waits until the app has run handoff_after, then every
+ *               handoff_after while it runs or while the worker is busy; parked once no app has
+ *               run for BB_HANDOFF_PARK_NS (app_begin wakes it).
  *   moved       fds moved out during the current app call, handed to the Ruby thread by app_end,
  *               which drops its Conns for them (close: the socket lives on in the receiver).
  *
@@ -38,6 +39,9 @@
 #define BB_HANDOFF_MOVED_MAX 1024
 /* Ready fds looked at per watcher turn at most. */
 #define BB_HANDOFF_PEEK_MAX 256
+/* Nanoseconds without an app call after which the watcher parks instead of ticking every
+ * handoff_after (an idle worker costs no wake-ups; a busy one no wake-up call per request). */
+#define BB_HANDOFF_PARK_NS (100 * 1000000LL)
 
 struct handoff {
     VALUE poller;
@@ -97,25 +101,29 @@ static void *watch(void *arg)
     struct handoff *h = arg;
     pthread_mutex_lock(&h->lock);
     while (!h->quit) {
-        int64_t t, due;
-        if (!__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST)) {
-            /* Parked: app_begin stores in_app, then looks at parked; here the reverse. One of the
-             * two sees the other's store, so a wake-up is never lost. */
+        int64_t t = mono_ns();
+        int64_t started = __atomic_load_n(&h->app_started_ns, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST)) {
+            if (t < started + h->after_ns) {
+                wait_until(h, started + h->after_ns);
+                continue;
+            }
+            pthread_mutex_unlock(&h->lock);
+            move_waiting(h, t);
+            pthread_mutex_lock(&h->lock);
+            if (!h->quit) wait_until(h, t + h->after_ns);
+        } else if (t - started < BB_HANDOFF_PARK_NS) {
+            /* Between requests of a busy worker: look again in handoff_after. Parking here would
+             * cost the Ruby thread a wake-up call on nearly every request. */
+            wait_until(h, t + h->after_ns);
+        } else {
+            /* Idle: parked until app_begin wakes it. app_begin stores in_app, then looks at
+             * parked; here the reverse. One of the two sees the other's store, so a wake-up is
+             * never lost. */
             __atomic_store_n(&h->parked, 1, __ATOMIC_SEQ_CST);
             if (!__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST) && !h->quit) pthread_cond_wait(&h->cond, &h->lock);
             __atomic_store_n(&h->parked, 0, __ATOMIC_SEQ_CST);
-            continue;
         }
-        t = mono_ns();
-        due = __atomic_load_n(&h->app_started_ns, __ATOMIC_SEQ_CST) + h->after_ns;
-        if (t < due) {
-            wait_until(h, due);
-            continue;
-        }
-        pthread_mutex_unlock(&h->lock);
-        move_waiting(h, t);
-        pthread_mutex_lock(&h->lock);
-        if (!h->quit) wait_until(h, t + h->after_ns);
     }
     pthread_mutex_unlock(&h->lock);
     return NULL;

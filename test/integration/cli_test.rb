@@ -40,6 +40,7 @@ class CLITest < ServerTest
       %w[-w zero] => /workers must be an integer 1\.\.4096, got "zero"/,
       %w[-w 0] => /workers must be an integer 1\.\.4096/,
       %w[--timeout -3] => /timeout must be a positive number of seconds/,
+      %w[--handoff-after soon] => /handoff_after must be a non-negative number of seconds, got "soon"/,
       %w[-l nonsense:port:x] => /invalid listen address "nonsense:port:x"/,
       %w[-l 127.0.0.1:99999] => /invalid port in listen address/,
       %w[--unix-socket-group no-such-group-bb] => /\Ablackbuck: unix_socket_group: no group named "no-such-group-bb"$/,

@@ -52,6 +52,7 @@ class ConfigTest < Minitest::Test
     {
       [:workers, "0"] => /workers must be an integer 1\.\.4096/,
       [:timeout, "soon"] => /timeout must be a positive number of seconds/,
+      [:handoff_after, "-1"] => /handoff_after must be a non-negative number of seconds/,
       [:keepalive, "maybe"] => /keepalive must be true or false/,
       [:unix_socket_mode, "999"] => /unix_socket_mode must be an octal file mode/,
       [:max_headers, 5000] => /max_headers must be an integer 1\.\.1000/,
