@@ -228,9 +228,10 @@ module Blackbuck
         respond(client, 200, "application/json", "#{JSON.generate(snapshot)}\n", head: method == "HEAD")
       elsif path == "/metrics"
         respond(client, 200, "text/plain; version=0.0.4; charset=utf-8", metrics, head: method == "HEAD")
-      elsif path == "/ready" # readiness: 503 from the moment a stop (or TERM's shutdown_delay) begins
+      elsif path == "/ready" # readiness: 503 until a worker serves, and from the moment a stop (or TERM's shutdown_delay) begins
         ready = @supervisor.ready?
-        respond(client, ready ? 200 : 503, "text/plain", ready ? "ready\n" : "stopping\n", head: method == "HEAD")
+        why = @supervisor.serving? ? "stopping\n" : "starting\n"
+        respond(client, ready ? 200 : 503, "text/plain", ready ? "ready\n" : why, head: method == "HEAD")
       elsif path == "/live" # liveness: the master's loop answers this itself, so an answer means it turns
         respond(client, 200, "text/plain", "live\n", head: method == "HEAD")
       else

@@ -40,7 +40,15 @@ module Blackbuck
 
     # Serving, as GET /ready tells a load balancer or Kubernetes: not from the moment a stop
     # (or TERM's shutdown_delay) begins.
-    def ready? = !@stopping && @drain_until.nil?
+    # And only once a worker serves: a balancer that sends clients to a host whose workers are still
+    # booting makes them wait in the listen queue.
+    def ready? = !@stopping && @drain_until.nil? && serving?
+
+    # A worker has taken its scoreboard slot (it is in its loop), or the previous image's workers
+    # still serve (a HUP re-exec).
+    def serving?
+      @old_workers.any? || @children.each_value.any? { |c| @scoreboard.read(c.index)[0] == c.pid }
+    end
 
     # A graceful stop, as TERM: safe from a signal trap or another thread (Server::Control#stop).
     def stop = enqueue(:TERM)

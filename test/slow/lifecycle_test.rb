@@ -40,6 +40,20 @@ class LifecycleTest < ServerTest
     assert_match(/TERM: not ready \(GET \/ready answers 503\); serving 2s more \(shutdown_delay\)/, server.log)
   end
 
+  # GET /ready says 503 until a worker serves: workers that take 1.5 s in after_fork.
+  def test_ready_waits_for_a_worker
+    dir = Dir.mktmpdir("bb-test")
+    @stats = "#{dir}/stats.sock"
+    File.write("#{dir}/slow_boot.rb", "after_fork { |_server, _index| sleep 1.5 }\n")
+    server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{@stats}", "-c", "#{dir}/slow_boot.rb"],
+                          dir: dir, wait: false)
+    wait_for(10) { File.socket?(@stats) }
+    assert_equal [503, "starting\n"], get("/ready", @stats).then { |r| [r.status, r.body] }, "no worker serves yet"
+    assert_equal 200, get("/live", @stats).status
+    server.wait_ready
+    assert_equal 200, get("/ready", @stats).status
+  end
+
   def test_a_second_term_ends_the_delay_at_once
     server = start_with_status(["--shutdown-delay", "30"])
     server.signal(:TERM)
