@@ -32,6 +32,7 @@
 #include "bb_proxy.h"
 
 #include <pthread.h>
+#include <sys/syscall.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -318,17 +319,18 @@ static VALUE conn_s_accept(int argc, VALUE *argv, VALUE klass)
 }
 
 /*
- * bb_conn_pass(fd, sock, now): called by the hand-off watcher thread while the worker's Ruby
+ * bb_conn_pass(fd, pidfd, sock, now): called by the hand-off watcher thread while the worker's Ruby
  * thread runs the app (never touches Ruby). When fd is a connection waiting between requests
  * (IDLE, nothing of it read into user space, no output queued, no PROXY header due), sends it over
  * sock (bb_pass_send) and marks it moved: 1. Not such a connection: 0. The send failed: -1 with
- * errno (EAGAIN: the queue is full).
+ * errno (EAGAIN: the queue is full). pidfd >= 0: fd is a number in the worker's fd table, not the
+ * caller's (bb_handoff.c's private table); the socket is taken with pidfd_getfd to be sent.
  */
-int bb_conn_pass(int fd, int sock, double now)
+int bb_conn_pass(int fd, int pidfd, int sock, double now)
 {
     struct conn *c;
     struct bb_pass p;
-    int r = 0;
+    int r = 0, send_fd = fd;
     pthread_mutex_lock(&table_lock);
     c = fd >= 0 && fd < by_fd_cap ? by_fd[fd] : NULL;
     if (c && c->fd == fd && !c->moved && __atomic_load_n(&c->state, __ATOMIC_RELAXED) == BB_CONN_IDLE &&
@@ -339,7 +341,11 @@ int bb_conn_pass(int fd, int sock, double now)
         p.requests = c->requests;
         p.ready_at = now;
         memcpy(p.addr, c->peer, sizeof(p.addr));
-        r = bb_pass_send(sock, fd, &p);
+#ifdef SYS_pidfd_getfd
+        if (pidfd >= 0) send_fd = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
+#endif
+        r = send_fd < 0 ? -1 : bb_pass_send(sock, send_fd, &p);
+        if (send_fd != fd && send_fd >= 0) close(send_fd); /* the message holds the socket now */
         if (r == 0) {
             c->moved = 1;
             r = 1;

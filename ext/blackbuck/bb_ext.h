@@ -58,8 +58,9 @@ int bb_wait_writable(int fd, int timeout_ms);
 /* Conn#state of a keep-alive connection waiting for its next request (Worker::IDLE is this). */
 #define BB_CONN_IDLE 0
 /* Hand-off (bb_handoff.c): moves fd to another worker over sock when it is a connection waiting
- * between requests. 1 moved, 0 not such a connection, -1 with errno. Called without the GVL. */
-int bb_conn_pass(int fd, int sock, double now);
+ * between requests. pidfd >= 0: the caller has its own fd table and takes the socket from the
+ * worker's with pidfd_getfd. 1 moved, 0 not such a connection, -1 with errno. Called without the GVL. */
+int bb_conn_pass(int fd, int pidfd, int sock, double now);
 
 /* The worker's poller, for the hand-off watcher thread (no Ruby calls, no GVL needed): */
 struct poller;
@@ -68,6 +69,8 @@ struct poller *bb_poller_get(VALUE poller);
 int bb_poller_peek(struct poller *pl, int *fds, int max);
 /* Unregisters fd; 0 or -1 with errno. */
 int bb_poller_forget(struct poller *pl, int fd);
+/* The epoll fd, or -1 for the poll(2) poller. */
+int bb_poller_epoll_fd(struct poller *pl);
 
 void bb_init_conn(void);
 void bb_init_handoff(void);

@@ -129,6 +129,8 @@ int bb_poller_forget(struct poller *pl, int fd)
     return epoll_ctl(pl->epfd, EPOLL_CTL_DEL, fd, &ev);
 }
 
+int bb_poller_epoll_fd(struct poller *pl) { return pl->epfd; }
+
 /* ---- backend: poll(2) ---- */
 #else
 
@@ -204,6 +206,12 @@ int bb_poller_peek(struct poller *pl, int *fds, int max)
 }
 
 int bb_poller_forget(struct poller *pl, int fd) { return backend_ctl(pl, OP_DEL, fd, 0); }
+
+int bb_poller_epoll_fd(struct poller *pl)
+{
+    (void)pl;
+    return -1;
+}
 
 static int backend_wait(struct poller *pl, int timeout_ms)
 {
@@ -357,4 +365,9 @@ void bb_init_poller(void)
     rb_define_const(c, "OUT", INT2FIX(POLL_OUT));
     rb_define_const(c, "EXCLUSIVE", INT2FIX(POLL_EXCLUSIVE));
     rb_define_const(c, "ERR", INT2FIX(POLL_ERR));
+#ifdef HAVE_SYS_EPOLL_H
+    rb_define_const(c, "EPOLL", Qtrue); /* the backend: epoll, else poll(2) */
+#else
+    rb_define_const(c, "EPOLL", Qfalse);
+#endif
 }

@@ -212,12 +212,14 @@ module Blackbuck
     end
 
     # Connections the watcher moved to the hand-off socket while the app ran: another worker owns
-    # them now. Their fds here are closed (the sockets live on there) and forgotten.
+    # them now. Each is unregistered (the socket lives on there, and epoll forgets a socket only
+    # once every holder has closed it), its fd here closed and its Conn forgotten.
     def release_moved(fds)
       fds.each do |fd|
         conn = @conns[fd]
         next unless conn&.moved?
 
+        @poller.delete(fd)
         untrack(conn)
         conn.close
       end

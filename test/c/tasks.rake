@@ -2,7 +2,7 @@
 
 # C tests and benchmark of the HTTP parser (ext/blackbuck/bb_http.c); see test/c/Makefile.
 namespace :c do
-  desc "Parser C tests under ASan/UBSan, scalar and SSE4.2 (make -C test/c test)"
+  desc "C tests under ASan/UBSan: the parser (scalar and SSE4.2), the PROXY parser, the connection hand-off (make -C test/c test)"
   task :test do
     sh "make -C test/c test"
   end

@@ -1,0 +1,140 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "blackbuck"
+require "socket"
+require "tmpdir"
+require "fileutils"
+require "timeout"
+
+# Native::Handoff and Conn.receive without a server: the watcher thread moves only an IDLE
+# connection with a request waiting and nothing buffered, and only while the app runs; the
+# receiver rebuilds it with its listener's template, address and request count; app_end without
+# app_begin (an exception between the two) neither blocks nor unlocks twice.
+class HandoffUnitTest < Minitest::Test
+  Native = Blackbuck::Native
+  AFTER = 0.002 # handoff_after, seconds
+
+  def setup
+    @dir = Dir.mktmpdir("bb-handoff")
+    @server = UNIXServer.new("#{@dir}/s")
+    @sender, @receiver = Socket.pair(:UNIX, :SEQPACKET)
+    @poller = Native::Poller.new(64)
+    @handoff = Native::Handoff.new(@poller, @sender.fileno, AFTER)
+    assert @handoff.start
+    @clients = []
+    @conns = []
+  end
+
+  def teardown
+    @handoff.stop
+    (@conns + @clients).each(&:close)
+    [@server, @sender, @receiver].each(&:close)
+    FileUtils.rm_rf(@dir)
+  end
+
+  # An accepted connection that has served one request, registered for input like the worker does.
+  def idle_conn(listener_index: 0)
+    @clients << (client = UNIXSocket.new("#{@dir}/s"))
+    conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, listener_index)
+    conn.state = Native::Conn::IDLE
+    @poller.add(conn.fd, Native::Poller::IN)
+    conn.watched = Native::Poller::IN
+    @conns << conn
+    [conn, client]
+  end
+
+  # End of input or a reset (the socket was closed with the client's request unread).
+  def closed?(client)
+    Timeout.timeout(5) { client.read }
+    true
+  rescue Errno::ECONNRESET
+    true
+  rescue Timeout::Error
+    false
+  end
+
+  def test_a_waiting_idle_connection_moves_only_while_the_app_runs
+    conn, client = idle_conn(listener_index: 1)
+    client.write("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep AFTER * 10
+    assert_nil Native::Conn.receive(@receiver.fileno, []), "nothing moves while no app runs"
+    @handoff.app_begin
+    sleep AFTER * 20 # the app runs long
+    moved = @handoff.app_end
+    assert_equal [conn.fd], moved
+    assert conn.moved?
+    assert_equal 1, @handoff.moved_out
+    templates = [[{ "test.listener" => "zero" }.freeze, true], [{ "test.listener" => "one" }.freeze, false]]
+    got = Native::Conn.receive(@receiver.fileno, templates)
+    refute_nil got
+    refute got.tcp?, "the listener's kind travels by its index"
+    conn.close # the mover lets go; the socket lives on in the receiver
+    assert_operator got.fill(Process.clock_gettime(Process::CLOCK_MONOTONIC)), :>, 0, "the request bytes moved with it"
+    env = got.parse
+    assert_equal "one", env["test.listener"], "its listener's env template"
+    assert_equal "/next", env["PATH_INFO"]
+    assert_equal "127.0.0.1", env["REMOTE_ADDR"]
+    assert_operator got.queue_time, :>=, AFTER, "queue time counts from when the mover saw it waiting"
+    got.write_response(200, { "content-length" => "2" }, ["ok"], false)
+    assert_match(/\AHTTP\/1.1 200 .*\r\n\r\nok\z/m, client.readpartial(1024))
+    got.close
+  end
+
+  def test_a_connection_mid_request_or_with_bytes_read_stays
+    busy, busy_client = idle_conn
+    busy.state = 4 # Worker::BUSY: the request the app runs
+    buffered, buffered_client = idle_conn
+    [busy_client, buffered_client].each { |c| c.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
+    buffered_client.write("GET /two HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep 0.05
+    assert_operator buffered.fill(0.0), :>, 0 # read into user space: a pipelined request
+    buffered_client.write("X") # and still readable
+    @handoff.app_begin
+    sleep AFTER * 20
+    assert_nil @handoff.app_end
+    refute busy.moved?
+    refute buffered.moved?
+    assert_nil Native::Conn.receive(@receiver.fileno, [])
+  end
+
+  # The watcher unshares its fd table where the kernel allows (no reference taking on the worker's
+  # socket calls) and keeps no copy of a client socket: one the worker closes is closed.
+  def test_the_watcher_keeps_no_copy_of_a_client_socket
+    conn, client = idle_conn # accepted before the second watcher starts: its table would copy it
+    other = Native::Handoff.new(@poller, @sender.fileno, AFTER)
+    other.start
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1
+    sleep 0.01 until other.private_fd_table? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    # Where the kernel allows it (pidfd_getfd, close_range) the table is private; else it is shared,
+    # and a close closes anyway.
+    assert_equal Native::Handoff.private_fd_table_possible? && Native::Poller::EPOLL, other.private_fd_table?
+    @poller.delete(conn.fd)
+    conn.close
+    assert closed?(client), "the client sees the close"
+  ensure
+    other&.stop
+  end
+
+  def test_app_end_without_app_begin_returns_at_once
+    Timeout.timeout(5) do
+      assert_nil @handoff.app_end
+      @handoff.app_begin
+      @handoff.app_begin # twice: the lock is released once
+      assert_nil @handoff.app_end
+      assert_nil @handoff.app_end
+    end
+  end
+
+  def test_a_message_for_an_unknown_listener_is_refused_and_its_socket_closed
+    conn, client = idle_conn(listener_index: 7)
+    client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep 0.01
+    @handoff.app_begin
+    sleep AFTER * 20
+    assert_equal [conn.fd], @handoff.app_end
+    conn.close
+    assert_equal false, Native::Conn.receive(@receiver.fileno, [[{}, false]])
+    assert closed?(client), "the client sees the close: no one holds the socket"
+  end
+end
