@@ -89,7 +89,8 @@ static void wait_until(struct handoff *h, int64_t ns)
 /*
  * The watcher's own fd table. A thread shares its process's table, and then every socket call of
  * the Ruby thread takes a reference on the file (the kernel's fast path is for a table nobody
- * shares): about 3% more CPU per hello-world request. So where the kernel allows (Linux 5.9+:
+ * shares; what that costs was within the noise of our hello-world measurements, where the whole
+ * hand-off costs about 3% of CPU per request either way). So where the kernel allows (Linux 5.9+:
  * pidfd_getfd and close_range; epoll, whose fd the watcher needs), the watcher unshares the table,
  * keeps only the epoll fd and the hand-off socket in its copy (a copy of a client socket would
  * keep it open after the worker closes it), and takes each socket it moves from the worker's
