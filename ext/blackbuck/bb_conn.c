@@ -322,10 +322,19 @@ static VALUE conn_s_accept(int argc, VALUE *argv, VALUE klass)
  * bb_conn_pass(fd, pidfd, sock, now): called by the hand-off watcher thread while the worker's Ruby
  * thread runs the app (never touches Ruby). When fd is a connection waiting between requests
  * (IDLE, nothing of it read into user space, no output queued, no PROXY header due), sends it over
- * sock (bb_pass_send) and marks it moved: 1. Not such a connection: 0. The send failed: -1 with
+ * sock (bb_pass_send) and marks it moved: 1. Not such a connection (or no byte of a request is
+ * there: the client closed): 0. The send failed: -1 with
  * errno (EAGAIN: the queue is full). pidfd >= 0: fd is a number in the worker's fd table, not the
  * caller's (bb_handoff.c's private table); the socket is taken with pidfd_getfd to be sent.
  */
+/* Readable is not enough: a client that closed is readable too (end of input), and the worker
+ * drops it itself rather than another worker taking it to read nothing. At least one byte waits. */
+static int request_waiting(int fd)
+{
+    char b;
+    return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 int bb_conn_pass(int fd, int pidfd, int sock, double now)
 {
     struct conn *c;
@@ -344,12 +353,14 @@ int bb_conn_pass(int fd, int pidfd, int sock, double now)
 #ifdef SYS_pidfd_getfd
         if (pidfd >= 0) send_fd = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
 #endif
-        r = send_fd < 0 ? -1 : bb_pass_send(sock, send_fd, &p);
-        if (send_fd != fd && send_fd >= 0) close(send_fd); /* the message holds the socket now */
-        if (r == 0) {
-            c->moved = 1;
-            r = 1;
+        if (send_fd >= 0 && request_waiting(send_fd)) {
+            r = bb_pass_send(sock, send_fd, &p);
+            if (r == 0) {
+                c->moved = 1;
+                r = 1;
+            }
         }
+        if (send_fd != fd && send_fd >= 0) close(send_fd); /* the message holds the socket now */
     }
     pthread_mutex_unlock(&table_lock);
     return r;

@@ -81,10 +81,12 @@ class HandoffUnitTest < Minitest::Test
     got.close
   end
 
-  def test_a_connection_mid_request_or_with_bytes_read_stays
+  def test_a_connection_mid_request_with_bytes_read_or_closed_stays
     busy, busy_client = idle_conn
     busy.state = 4 # Worker::BUSY: the request the app runs
     buffered, buffered_client = idle_conn
+    gone, gone_client = idle_conn
+    gone_client.close # readable too (end of input), but no request: the worker drops it itself
     [busy_client, buffered_client].each { |c| c.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
     buffered_client.write("GET /two HTTP/1.1\r\nHost: x\r\n\r\n")
     sleep 0.05
@@ -95,6 +97,7 @@ class HandoffUnitTest < Minitest::Test
     assert_nil @handoff.app_end
     refute busy.moved?
     refute buffered.moved?
+    refute gone.moved?
     assert_nil Native::Conn.receive(@receiver.fileno, [])
   end
 
