@@ -220,8 +220,7 @@ module Blackbuck
         next unless conn&.moved?
 
         @poller.delete(fd)
-        untrack(conn)
-        conn.close
+        drop(conn)
       end
     end
 
@@ -231,12 +230,8 @@ module Blackbuck
       conn = Native::Conn.receive(@handoff_fd, @listener_info)
       return conn if conn.nil? || conn == false
 
-      fd = conn.fd
-      @conns[fd] = conn
       @moved_in += 1
-      conn.deadline = now + @header_timeout
-      on_readable(conn)
-      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)
+      take(conn, @header_timeout)
       conn
     end
 
@@ -296,16 +291,22 @@ module Blackbuck
                                    listener.proxy_protocol?, @listener_index[listener.fd])
         return unless conn
 
-        fd = conn.fd
-        @conns[fd] = conn
-        conn.deadline = now + (listener.proxy_protocol? ? @proxy_header_timeout : @header_timeout)
-        # Optimistic read: on a busy server the request is usually there already.
-        on_readable(conn)
-        watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)
+        take(conn, listener.proxy_protocol? ? @proxy_header_timeout : @header_timeout)
       end
     rescue Errno::EMFILE, Errno::ENFILE => e
       @logger.warn("accept: #{e.message} (open connections: #{@conns.size}); pausing accept")
       pause_accepting
+    end
+
+    # A connection new to this worker (accepted, or moved here): tracked, given `seconds` for its
+    # request head, and read at once (on a busy server the request is usually there already, and a
+    # moved one's always is); watched if it is still waiting for more.
+    def take(conn, seconds)
+      fd = conn.fd
+      @conns[fd] = conn
+      conn.deadline = now + seconds
+      on_readable(conn)
+      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)
     end
 
     def pause_accepting
