@@ -1,11 +1,12 @@
 # frozen_string_literal: true
 
 # For the hand-off tests: GET /?sleep=SECONDS waits that long; every answer names the worker that
-# ran it, the client address it saw and the request's queue time:
-#   "pid=123 addr=127.0.0.1 queue=0.0012"
+# ran it, the client address it saw, the request's queue time and its id=... query parameter:
+#   "pid=123 addr=127.0.0.1 queue=0.0012 id=3-14"
 run lambda { |env|
   secs = env["QUERY_STRING"].to_s[/sleep=([\d.]+)/, 1]
   sleep(Float(secs)) if secs
-  body = "pid=#{Process.pid} addr=#{env['REMOTE_ADDR']} queue=#{env['blackbuck.queue_time'].round(4)}\n"
+  body = "pid=#{Process.pid} addr=#{env['REMOTE_ADDR']} queue=#{env['blackbuck.queue_time'].round(4)} " \
+         "id=#{env['QUERY_STRING'].to_s[/id=([\w-]+)/, 1]}\n"
   [200, { "content-type" => "text/plain", "content-length" => body.bytesize.to_s }, [body]]
 }

@@ -160,7 +160,9 @@ class ConfigTest < Minitest::Test
   # two-field form still reads as plain listeners.
   def test_reexec_hands_over_the_proxy_protocol_flag
     servers = Array.new(3) { TCPServer.new("127.0.0.1", 0) }
-    fd = ->(i) { servers[i].dup.fileno } # each Listener takes over (and closes) a descriptor of its own
+    # Each Listener takes over (and closes) a descriptor of its own: the dup's IO object gives it up
+    # (left to the GC, it would close that number again, under whatever socket has it by then).
+    fd = ->(i) { servers[i].dup.tap { |d| d.autoclose = false }.fileno }
     listeners = Blackbuck::Listeners
     bound = [listeners.from_fd(fd.call(0), inherited: false, proxy_protocol: true), listeners.from_fd(fd.call(1))]
     spec = nil
