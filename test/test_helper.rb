@@ -97,7 +97,12 @@ end
 class ServerProcess < ChildProcess
   attr_reader :addrs, :dir
 
+  # BLACKBUCK_TEST_THREADS=N (rake test:threads): every server runs its app on N threads, unless
+  # the test sets --threads itself.
+  THREADS = ENV.fetch("BLACKBUCK_TEST_THREADS", nil)
+
   def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true, chdir: nil)
+    args = [*args, "--threads", THREADS] if THREADS && !args.include?("--threads")
     @dir = dir || Dir.mktmpdir("bb-test")
     @workers = workers
     rackup = app.start_with?("/") ? app : File.join(APPS, app)

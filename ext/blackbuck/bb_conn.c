@@ -319,8 +319,9 @@ static VALUE conn_s_accept(int argc, VALUE *argv, VALUE klass)
 }
 
 /*
- * bb_conn_pass(fd, pidfd, sock, now): called by the hand-off watcher thread while the worker's Ruby
- * thread runs the app (never touches Ruby). When fd is a connection waiting between requests
+ * bb_conn_pass(fd, pidfd, sock, now, owner): called by the hand-off watcher thread while the worker's
+ * Ruby thread runs the app (never touches Ruby; owner 0: only a connection in the poller), or by the
+ * loop thread that owns the connection (owner 1: Conn#pass, with app threads). When fd is a connection waiting between requests
  * (IDLE, nothing of it read into user space, no output queued, no PROXY header due), sends it over
  * sock (bb_pass_send) and marks it moved: 1. Not such a connection (or no byte of a request is
  * there: the client closed): 0. The send failed: -1 with
@@ -335,7 +336,7 @@ static int request_waiting(int fd)
     return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
-int bb_conn_pass(int fd, int pidfd, int sock, double now)
+int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
 {
     struct conn *c;
     struct bb_pass p;
@@ -343,7 +344,7 @@ int bb_conn_pass(int fd, int pidfd, int sock, double now)
     pthread_mutex_lock(&table_lock);
     c = fd >= 0 && fd < by_fd_cap ? by_fd[fd] : NULL;
     if (c && c->fd == fd && !c->moved && __atomic_load_n(&c->state, __ATOMIC_RELAXED) == BB_CONN_IDLE &&
-        c->off == c->len && !queued(c) && !c->proxy && c->watched) {
+        c->off == c->len && !queued(c) && !c->proxy && (c->watched || owner)) {
         memset(&p, 0, sizeof(p));
         p.listener = (uint32_t)c->listener;
         p.flags = c->tcp ? BB_PASS_TCP : 0;
@@ -1537,6 +1538,19 @@ static VALUE conn_discard_input(VALUE self)
     return Qfalse;
 }
 
+/* pass(sock_fd) -> true when the connection went to another worker over sock_fd (the hand-off
+ * socket; then close it here and forget it), false when it is not one that may move (see
+ * bb_conn_pass) or the queue is full. The worker's loop thread moves its own connections this way
+ * when all its app threads are busy (Worker's --threads). */
+static VALUE conn_pass(VALUE self, VALUE sock)
+{
+    struct conn *c = get_conn(self);
+    struct timespec ts;
+    if (c->fd < 0) return Qfalse;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return bb_conn_pass(c->fd, -1, NUM2INT(sock), (double)ts.tv_sec + ts.tv_nsec / 1e9, 1) == 1 ? Qtrue : Qfalse;
+}
+
 /* close: at once (the client is gone, or a staged close is over). */
 static VALUE conn_close(VALUE self)
 {
@@ -1672,6 +1686,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "write_continue", conn_write_continue, 0);
     rb_define_method(cConn, "write_hints", conn_write_hints, 1);
     rb_define_method(cConn, "close", conn_close, 0);
+    rb_define_method(cConn, "pass", conn_pass, 1);
     rb_define_method(cConn, "shutdown_write", conn_shutdown_write, 0);
     rb_define_method(cConn, "discard_input", conn_discard_input, 0);
     rb_define_method(cConn, "detach", conn_detach, 0);

@@ -59,8 +59,9 @@ int bb_wait_writable(int fd, int timeout_ms);
 #define BB_CONN_IDLE 0
 /* Hand-off (bb_handoff.c): moves fd to another worker over sock when it is a connection waiting
  * between requests. pidfd >= 0: the caller has its own fd table and takes the socket from the
- * worker's with pidfd_getfd. 1 moved, 0 not such a connection, -1 with errno. Called without the GVL. */
-int bb_conn_pass(int fd, int pidfd, int sock, double now);
+ * worker's with pidfd_getfd. owner: the caller is the thread that owns the connection (it need not be
+ * in the poller). 1 moved, 0 not such a connection, -1 with errno. Called without the GVL by the watcher. */
+int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner);
 
 /* The worker's poller, for the hand-off watcher thread (no Ruby calls, no GVL needed): */
 struct poller;

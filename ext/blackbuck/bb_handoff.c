@@ -140,7 +140,7 @@ static void move_waiting(struct handoff *h, int64_t t)
     if (__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST) && !h->disabled) {
         n = bb_poller_peek(h->pl, fds, BB_HANDOFF_PEEK_MAX);
         for (i = 0; i < n && h->nmoved < BB_HANDOFF_MOVED_MAX; i++) {
-            int r = bb_conn_pass(fds[i], h->pidfd, h->sock, (double)t / 1e9);
+            int r = bb_conn_pass(fds[i], h->pidfd, h->sock, (double)t / 1e9, 0);
             if (r < 0) break; /* the queue is full (or gone): the rest wait here */
             if (r == 0) continue; /* a listener, the control pipe, a connection mid-request */
             /* Unregistered now, so the next look does not see it again; with a private table the

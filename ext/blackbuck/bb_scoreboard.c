@@ -185,6 +185,47 @@ static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
     return Qnil;
 }
 
+/* With app threads (Worker's --threads) requests overlap, so the slot's "current request" is the
+ * oldest one running, set by the worker's loop thread as requests start and end:
+ * running(i, state, age_seconds, method, path) shows that request (started age_seconds ago);
+ * age_seconds nil: none runs, the slot shows `state`. */
+static VALUE sb_running(VALUE self, VALUE idx, VALUE state, VALUE age, VALUE method, VALUE path)
+{
+    struct sb_slot *s = slot(self, idx);
+    size_t ml, pl;
+    if (NIL_P(age)) {
+        s->started_ms = 0;
+        s->started_us = 0;
+        s->state = NUM2INT(state);
+        return Qnil;
+    }
+    StringValue(method);
+    StringValue(path);
+    ml = (size_t)RSTRING_LEN(method);
+    pl = (size_t)RSTRING_LEN(path);
+    if (ml >= SB_METHOD_MAX) ml = SB_METHOD_MAX - 1;
+    if (pl >= SB_PATH_MAX) pl = SB_PATH_MAX - 1;
+    memcpy(s->method, RSTRING_PTR(method), ml);
+    s->method[ml] = 0;
+    memcpy(s->path, RSTRING_PTR(path), pl);
+    s->path[pl] = 0;
+    s->started_us = now_us() - (int64_t)(NUM2DBL(age) * 1e6);
+    s->started_ms = s->started_us / 1000;
+    s->state = 2;
+    return Qnil;
+}
+
+/* request_observed(i, queue_seconds, duration_seconds): one more request served, with its queue time
+ * and its time in the app (app threads: the slot's started time is not this request's). */
+static VALUE sb_request_observed(VALUE self, VALUE idx, VALUE queue, VALUE duration)
+{
+    struct sb_slot *s = slot(self, idx);
+    observe(&s->queue, (int64_t)(NUM2DBL(queue) * 1e6));
+    observe(&s->duration, (int64_t)(NUM2DBL(duration) * 1e6));
+    bump(&s->requests, 1);
+    return Qnil;
+}
+
 /* request_shed(i): one request answered 503 by max_queue_time (it waited longer) instead of the app. */
 static VALUE sb_request_shed(VALUE self, VALUE idx)
 {
@@ -261,6 +302,8 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "request_shed", sb_request_shed, 1);
     rb_define_method(c, "histograms", sb_histograms, 1);
     rb_define_method(c, "request_done", sb_request_done, 2);
+    rb_define_method(c, "running", sb_running, 5);
+    rb_define_method(c, "request_observed", sb_request_observed, 3);
     rb_define_method(c, "tick", sb_tick, 3);
     rb_define_method(c, "moves", sb_moves, 3);
     rb_define_method(c, "read", sb_read, 1);

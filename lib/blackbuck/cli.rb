@@ -107,6 +107,8 @@ module Blackbuck
         o.separator ""
         o.separator "Processes:"
         o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count)", &set(:workers))
+        o.on("--threads N", "app threads per worker (default 1: the app never runs concurrently with itself)",
+             &set(:threads))
         o.on("--max-requests-per-child N", "recycle a worker after N requests (0 = never)", &set(:max_requests_per_child))
         o.on("--min-requests-per-child N", "each worker's limit is random in [min, max]", &set(:min_requests_per_child))
         o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced (default 60)",

@@ -11,6 +11,7 @@ module Blackbuck
   class Config
     KIB = 1024
     MIB = 1024 * KIB
+    MAX_THREADS = 256 # app threads per worker at most
 
     # One entry of the listen list: an address (as Listeners.parse reads it) and whether every
     # connection to it starts with a PROXY protocol header from a load balancer.
@@ -26,6 +27,7 @@ module Blackbuck
       unix_socket_mode: nil,          # e.g. 0o660; nil keeps the umask's
       unix_socket_group: nil,         # gid (set from a group name or number); nil keeps the process's group
       workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count (or the cgroup CPU quota, if fewer)
+      threads: 1,                     # app threads per worker; 1 = the app never runs concurrently with itself
       rackup: "config.ru",
       config_file: nil,               # the config file read (-c FILE, or config/blackbuck.rb when present); not a directive
       environment: nil,               # nil -> $RACK_ENV, else $RAILS_ENV, else "development"
@@ -112,6 +114,7 @@ module Blackbuck
       when :unix_socket_mode then @values[key] = mode(key, value)
       when :unix_socket_group then @values[key] = group(key, value)
       when :workers then @values[key] = int(key, value, 1, 4096)
+      when :threads then @values[key] = int(key, value, 1, MAX_THREADS)
       when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
         @values[key] = seconds(key, value)
       when :shutdown_delay, :max_queue_time, :handoff_after then @values[key] = seconds(key, value, zero: true)

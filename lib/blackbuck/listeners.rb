@@ -27,18 +27,19 @@ module Blackbuck
     def inherited? = @inherited
     def proxy_protocol? = @proxy_protocol
 
-    # Keys every request on this listener starts with; Conn#parse dups it. Built once.
-    def env_template(rack_version)
-      @env_template ||= build_env_template(rack_version)
+    # Keys every request on this listener starts with; Conn#parse dups it. Built once (a worker's
+    # settings do not change). multithread: the worker runs the app on more than one thread.
+    def env_template(rack_version, multithread: false)
+      @env_template ||= build_env_template(rack_version, multithread)
     end
 
-    def build_env_template(rack_version)
+    def build_env_template(rack_version, multithread)
       server_name = tcp? ? (host.include?(":") ? "[#{host}]" : host) : "localhost"
       {
         "rack.version" => rack_version,
         "rack.url_scheme" => "http",
         "rack.errors" => $stderr,
-        "rack.multithread" => false,
+        "rack.multithread" => multithread,
         "rack.multiprocess" => true,
         "rack.run_once" => false,
         "rack.hijack?" => true,

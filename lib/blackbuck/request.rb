@@ -20,6 +20,9 @@ module Blackbuck
       @body_timeout = config[:body_timeout]
       @min_body_rate = config[:min_body_rate]
       @empty_input = StringIO.new(EMPTY)
+      # With app threads a request outlives #serve (it runs on another thread): its input is its
+      # own, and the worker closes a tempfile body when the app is done with it.
+      @threaded = config[:threads] > 1
     end
 
     # A body arriving slower than min_body_rate (averaged, after a grace period) ties up memory
@@ -79,9 +82,13 @@ module Blackbuck
       if conn.body_done?
         # Rack forbids apps to close rack.input; one empty (read-only) input serves every
         # bodiless request, and a new one replaces it if an app closed it anyway.
-        @empty_input = StringIO.new(EMPTY) if @empty_input.closed?
-        @empty_input.rewind
-        env["rack.input"] = @empty_input
+        if @threaded
+          env["rack.input"] = StringIO.new(EMPTY)
+        else
+          @empty_input = StringIO.new(EMPTY) if @empty_input.closed?
+          @empty_input.rewind
+          env["rack.input"] = @empty_input
+        end
         @worker.serve(conn, env)
         return
       end
@@ -141,7 +148,7 @@ module Blackbuck
       conn.sink = nil
       @worker.serve(conn, env)
     ensure
-      input.close! if input.is_a?(Tempfile)
+      input.close! if input.is_a?(Tempfile) && !@threaded
     end
 
     def spill(conn, sink)

@@ -25,8 +25,8 @@ module Blackbuck
         l.io.fcntl(Fcntl::F_SETFL, l.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
         logger.info("listening on #{l.name}#{' (inherited)' if l.inherited?}#{' (PROXY protocol)' if l.proxy_protocol?}")
       end
-      logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers, " \
-                  "parser #{Native.http_impl}, pid #{Process.pid}" \
+      logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers" \
+                  "#{" x #{config[:threads]} app threads" if config[:threads] > 1}, parser #{Native.http_impl}, pid #{Process.pid}" \
                   "#{", config #{config[:config_file]}" if config[:config_file]}")
       write_pid(config[:pid])
       supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,

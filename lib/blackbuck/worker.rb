@@ -6,6 +6,7 @@ require "tempfile"
 require_relative "errors"
 require_relative "request"
 require_relative "response"
+require_relative "app_pool"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
@@ -56,6 +57,9 @@ module Blackbuck
       @requests_limit = requests_limit
       @handoff_socket = handoff # [send end, receive end] shared by the generation's workers, or nil
       @moved_in = 0
+      @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
+      @threads = config[:threads]
+      @busy = 0 # requests handed to app threads and not yet back
       @conns = {}
       @ready = []
       @served = 0
@@ -95,15 +99,15 @@ module Blackbuck
         @poller.add(l.fd, Native::Poller::EXCLUSIVE)
       end
       @poller.add(@control.fileno, IN)
+      start_app_threads
       start_handoff
       @scoreboard.reset(@index, Process.pid)
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
       loop_until_done
-      if @handoff
-        @handoff.stop
-        @scoreboard.moves(@index, @handoff.moved_out, @moved_in)
-      end
+      @pool&.stop
+      @handoff&.stop
+      @scoreboard.moves(@index, moved_out, @moved_in) if @handoff_fd
       @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests")
     end
 
@@ -118,6 +122,7 @@ module Blackbuck
       conn.no_keepalive! if @stopping || !@keepalive || (cap.positive? && conn.requests + 1 >= cap)
       queued = env[QUEUE_TIME] = conn.queue_time
       return shed(conn) if @max_queue_time.positive? && queued > @max_queue_time
+      return dispatch(conn, env, queued) if @pool
 
       conn.state = BUSY
       @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"], queued)
@@ -131,13 +136,17 @@ module Blackbuck
         release_moved(moved) if moved
         @scoreboard.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
       end
-      @served += 1
-      @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
-      begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
+      counted
       return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
       answered(conn)
     end
+
+    # True while every app thread has a request: the worker takes no new connection then, and a
+    # request that arrives on one of its idle connections moves to another worker (#move_out).
+    def saturated? = @busy >= @threads
+
+    def moved_out = @handoff ? @handoff.moved_out : @moved_out
 
     # max_queue_time: a request that has already waited longer is answered 503 with Retry-After
     # instead of running, so an overloaded server sheds what its clients (or the balancer) will
@@ -200,15 +209,104 @@ module Blackbuck
     # handoff_after: a watcher thread moves connections whose request waits while the app runs long
     # (Native::Handoff); every worker takes moved connections off the generation's hand-off socket
     # as it accepts new ones.
+    # With app threads the loop thread is never held by the app: it moves waiting connections
+    # itself, while every app thread is busy (#move_out), and needs no watcher.
     def start_handoff
       return unless @handoff_socket && @config[:handoff_after].positive?
 
       sender, receiver = @handoff_socket
-      @handoff = Native::Handoff.new(@poller, sender.fileno, @config[:handoff_after])
-      @handoff.start
+      if @pool
+        @pass_fd = sender.fileno
+      else
+        @handoff = Native::Handoff.new(@poller, sender.fileno, @config[:handoff_after])
+        @handoff.start
+      end
       @handoff_fd = receiver.fileno
-      @listener_info = @listeners.map { |l| [l.env_template(@rack_version), l.tcp?].freeze }.freeze
-      @poller.add(@handoff_fd, Native::Poller::EXCLUSIVE)
+      @listener_info = @listeners.map { |l| [l.env_template(@rack_version, multithread: @threads > 1), l.tcp?].freeze }.freeze
+      handoff_intake(true)
+    end
+
+    # --threads N > 1: the app runs on N threads of this worker (AppPool); this thread keeps the loop.
+    def start_app_threads
+      return if @threads == 1
+
+      @pool = AppPool.new(self, @config, @app, @threads)
+      @wake_fd = @pool.wake_fd
+      @poller.add(@wake_fd, IN)
+    end
+
+    # A complete request goes to the app threads. Until it comes back (#finished) the connection is
+    # theirs: out of the poller and of the timeouts (#expire skips BUSY).
+    def dispatch(conn, env, queued)
+      conn.state = BUSY
+      if conn.polled?
+        @poller.delete(conn.fd)
+        conn.watched = 0
+      end
+      input = env["rack.input"]
+      @busy += 1
+      @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil))
+      return unless saturated?
+
+      # Full: no more from the hand-off socket. With hand-off, new connections are still accepted
+      # (a request on one moves on at once, in arrival order with the rest); without, they wait
+      # in the listen queue for a worker with a free thread.
+      @pass_fd ? handoff_intake(false) : pause_accepting
+      publish_running
+    end
+
+    # The app threads are done with these requests: the loop takes each connection back.
+    def finished
+      @pool.each_done do |job|
+        @busy -= 1
+        conn = job.conn
+        job.input&.close!
+        @scoreboard.request_observed(@index, job.queued, job.finished - job.started)
+        begin_graceful_stop(job.retire) if job.retire
+        counted
+        case job.after
+        when :hand_over then untrack_fd(job.fd)
+        when :drop then drop(conn)
+        when :close then close(conn)
+        else
+          answered(conn) unless job.mode == :hijacked || conn.closed?
+        end
+      end
+      publish_running
+      unless saturated?
+        resume_accepting if @paused
+        handoff_intake(true) unless @paused
+      end
+      # Requests moved to the hand-off socket have waited longest: a freed thread takes them first.
+      nil while @handoff_fd && !@stopping && !saturated? && @conns.size < @max_connections && adopt
+    end
+
+    # The slot shows the request that has run longest (the master's timeout watches it).
+    def publish_running
+      age, method, path = @pool.oldest
+      @scoreboard.running(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, age, method, path)
+    end
+
+    # One more request served: OOB GC, and the recycling limit.
+    def counted
+      @served += 1
+      @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
+      begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
+    end
+
+    # Every app thread is busy and a request waits on this idle connection: another worker serves
+    # it (the hand-off socket; a worker takes from it only with a free thread). Not when part of it
+    # was read already, or the hand-off queue is full: then it waits here for a thread.
+    def move_out(conn)
+      return false unless conn.pass(@pass_fd)
+
+      @moved_out += 1
+      if conn.polled?
+        @poller.delete(conn.fd)
+        conn.watched = 0
+      end
+      drop(conn)
+      true
     end
 
     # Connections the watcher moved to the hand-off socket while the app ran: another worker owns
@@ -240,7 +338,13 @@ module Blackbuck
       %i[TERM INT QUIT].each { |sig| trap(sig) { @stop_signals += 1 } }
       trap(:USR1) { @reopen_logs = true }
       # The master's request-timeout notice: interrupt the app where it is.
-      trap(:USR2) { raise RequestTimeout, "request ran longer than #{@config[:timeout]}s" if @in_app }
+      trap(:USR2) do
+        if @pool
+          @pool.time_out_oldest(@config[:timeout])
+        elsif @in_app
+          raise RequestTimeout, "request ran longer than #{@config[:timeout]}s"
+        end
+      end
       trap(:HUP, "IGNORE")
       trap(:TTIN, "IGNORE")
       trap(:TTOU, "IGNORE")
@@ -253,7 +357,7 @@ module Blackbuck
         timeout = @ready.empty? && !@gc_pending ? wait_ms : 0
         n = @poller.wait(timeout, events)
         @woke_at = now # what is readable now arrived by then: the start of its queue time
-        run_oob_gc if n.zero? && @gc_pending
+        run_oob_gc if n.zero? && @gc_pending && @busy.zero?
         i = 0
         while i < events.size
           fd = events[i]
@@ -263,8 +367,10 @@ module Blackbuck
             on_event(conn, ev)
           elsif (l = @listener_by_fd[fd])
             accept_from(l) unless @stopping
+          elsif fd == @wake_fd
+            finished
           elsif fd == @handoff_fd
-            adopt if @conns.size < @max_connections
+            adopt if @conns.size < @max_connections && !saturated?
           elsif fd == @control.fileno
             on_control
           end
@@ -283,11 +389,11 @@ module Blackbuck
       ACCEPT_BATCH.times do
         return if @stopping # a request served just now may have started a stop
 
-        if @conns.size >= @max_connections
+        if @conns.size >= @max_connections || (saturated? && !@pass_fd)
           pause_accepting
           return
         end
-        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version), listener.tcp?,
+        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version, multithread: @threads > 1), listener.tcp?,
                                    listener.proxy_protocol?, @listener_index[listener.fd])
         return unless conn
 
@@ -305,8 +411,10 @@ module Blackbuck
       fd = conn.fd
       @conns[fd] = conn
       conn.deadline = now + seconds
+      return if @pass_fd && saturated? && move_out(conn)
+
       on_readable(conn)
-      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd)
+      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd) && conn.state != BUSY
     end
 
     def pause_accepting
@@ -314,15 +422,23 @@ module Blackbuck
 
       @paused = true
       @listener_by_fd.each_key { |fd| @poller.delete(fd) }
-      @poller.delete(@handoff_fd) if @handoff_fd
+      handoff_intake(false)
     end
 
     def resume_accepting
-      return unless @paused && !@stopping && @conns.size < @max_connections
+      return unless @paused && !@stopping && @conns.size < @max_connections && (@pass_fd || !saturated?)
 
       @paused = false
       @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) }
-      @poller.add(@handoff_fd, Native::Poller::EXCLUSIVE) if @handoff_fd
+      handoff_intake(true) unless saturated?
+    end
+
+    # Whether the hand-off socket is in the poller (connections other workers moved are taken).
+    def handoff_intake(on)
+      return if @handoff_fd.nil? || @handoff_polled == on
+
+      on ? @poller.add(@handoff_fd, Native::Poller::EXCLUSIVE) : @poller.delete(@handoff_fd)
+      @handoff_polled = on
     end
 
     def on_event(conn, ev)
@@ -336,6 +452,8 @@ module Blackbuck
     end
 
     def on_readable(conn)
+      return if @pass_fd && conn.state == IDLE && saturated? && move_out(conn)
+
       r = conn.fill(@woke_at)
       return if r.nil?
       return drop(conn) if r.zero?
@@ -368,7 +486,8 @@ module Blackbuck
 
       conn.state = IDLE
       conn.deadline = now + @keepalive_timeout
-      watch(conn, IN) if conn.polled? # it may have been watched for OUT
+      # It may have been watched for OUT; back from an app thread it is not watched at all.
+      watch(conn, IN) if conn.polled? || @pool
       return if conn.buffered.zero?
 
       # Pipelined requests: answer in order, but give other connections a turn now and then.
@@ -396,8 +515,10 @@ module Blackbuck
       conn.watched = mask
     end
 
-    def untrack(conn)
-      @conns.delete(conn.fd)
+    def untrack(conn) = untrack_fd(conn.fd)
+
+    def untrack_fd(fd)
+      @conns.delete(fd)
       resume_accepting if @paused
     end
 
@@ -434,7 +555,7 @@ module Blackbuck
     def force_stop(why)
       begin_graceful_stop(why)
       @logger.info("worker #{@index} (pid #{Process.pid}) forcing the stop: closing #{@conns.size} connections")
-      @conns.values.each { |c| drop(c) }
+      @conns.values.each { |c| drop(c) unless c.state == BUSY } # an app thread's: it ends with the process
       @exit = true
     end
 
@@ -453,7 +574,8 @@ module Blackbuck
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
       check_memory unless @stopping || @max_rss_kib.zero?
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
-      @scoreboard.moves(@index, @handoff.moved_out, @moved_in) if @handoff
+      @scoreboard.moves(@index, moved_out, @moved_in) if @handoff_fd
+      publish_running if @pool
       $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping} requests: #{@served} connections: #{@conns.size}"
       @exit = true if @stopping && (t >= @stop_deadline || drained?)
     end
@@ -469,6 +591,8 @@ module Blackbuck
     # 408, clients that stopped reading are dropped, and so are staged closes that are over.
     def expire(t)
       @conns.values.each do |c|
+        next if c.state == BUSY # an app thread's (--threads), not the loop's
+
         if c.deadline <= t
           case c.state
           when HEAD, BODY then @request.reject(c, 408)

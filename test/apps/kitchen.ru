@@ -17,6 +17,9 @@ class NilToAryBody < EachBody
   def to_ary = nil
 end
 
+# /overlap: how many requests ran at once in this worker, at most, by the end of this one.
+OVERLAP = { now: 0, max: 0, lock: Mutex.new }
+
 run lambda { |env|
   path = env["PATH_INFO"]
   case path
@@ -51,6 +54,14 @@ run lambda { |env|
   when "/sleep"
     sleep Float(env["QUERY_STRING"][/t=([\d.]+)/, 1] || 1)
     [200, {}, ["slept\n"]]
+  when "/overlap"
+    OVERLAP[:lock].synchronize { OVERLAP[:max] = [OVERLAP[:max], OVERLAP[:now] += 1].max }
+    begin
+      sleep Float(env["QUERY_STRING"][/t=([\d.]+)/, 1] || 0.2)
+    ensure
+      OVERLAP[:lock].synchronize { OVERLAP[:now] -= 1 }
+    end
+    [200, {}, ["max=#{OVERLAP[:max]} multithread=#{env['rack.multithread']} pid=#{Process.pid}"]]
   when "/raise" then raise "boom from the app"
   when "/stubborn" # swallows the timeout notice: only SIGKILL stops it
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30

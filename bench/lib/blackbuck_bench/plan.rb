@@ -51,6 +51,10 @@ module BlackbuckBench
       opts[:servers].select do |name|
         r = Servers.fetch(name)
         next false if opts[:quick] && !opts[:servers_given] && w.quick_servers && !w.quick_servers.include?(name)
+        if r.threaded? && !opts[:servers_given]
+          next false unless w.threaded&.include?(name)
+          next false if opts[:quick] && !w.quick_servers&.include?(name)
+        end
         next w.ceiling && !w.front if !r.ruby?
         next true if opts[:servers_given] || !r.yjit?
 

@@ -19,9 +19,12 @@ module BlackbuckBench
 
     # gem: the RubyGems name bench/setup installs for it (its failure reason is shown when absent)
     # ruby: a Ruby server (gets a +yjit twin); yjit_variant: its twin runs only when named
+    # threaded: runs only on the workloads that wait (Workload#threaded): Blackbuck with app threads
+    # and Puma 8 with 2 threads, its yardstick there
     def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, variant: false,
-                   ruby: true, gem: nil, env: {}, yjit_variant: false, &build)
+                   ruby: true, gem: nil, env: {}, yjit_variant: false, threaded: false, &build)
       @name = name
+      @threaded = threaded
       @variant = variant
       @summary = summary
       @executable = executable
@@ -36,6 +39,8 @@ module BlackbuckBench
     end
 
     def bundled? = @bundled
+
+    def threaded? = @threaded
 
     def ruby? = @ruby
 
@@ -228,9 +233,20 @@ module BlackbuckBench
                "-p", ctx.tcp_port.to_s, wrapper], chdir: ctx.dir }
     end
 
-    def self.puma8(name, threads, why)
+    def self.blackbuck_threads(name, threads, why)
       Recipe.new(
-        name: name, gem: "puma",
+        name: name, threaded: true,
+        summary: "blackbuck as above with --threads #{threads} (#{why}); only on the workloads that wait",
+        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
+        worker_re: /\Ablackbuck worker/,
+        ready_re: /worker \d+ .*ready/,
+        bundled: true
+      ) { |ctx| blackbuck_command(ctx, "--threads", threads.to_s) }
+    end
+
+    def self.puma8(name, threads, why, threaded: false)
+      Recipe.new(
+        name: name, threaded: threaded, gem: "puma",
         summary: "Puma 8 (RubyGems), workers N, threads #{threads}:#{threads}#{why}, preload_app!, environment none",
         executable: -> { bench_bin("puma") },
         worker_re: /puma: cluster worker/,
@@ -266,6 +282,8 @@ module BlackbuckBench
         bundled: true,
         variant: true
       ) { |ctx| blackbuck_command(ctx, "--no-sched-batch") },
+      blackbuck_threads("blackbuck-2x2", 2, "like Puma 8 with 2 threads"),
+      blackbuck_threads("blackbuck-2x5", PUMA_MANY_THREADS, "like Puma 8 and Iodine 2x5"),
       Recipe.new(
         name: "unicorn",
         summary: "Debian unicorn, worker_processes N, preload_app, -E none (no keep-alive by design)",
@@ -298,6 +316,7 @@ module BlackbuckBench
         variant: true
       ) { |ctx| puma_command(ctx, "/usr/bin/puma", PUMA_MANY_THREADS, "_#{debian_gem_version('puma')}_") },
       puma8("puma8-2x1", 1, " (the prefork servers' concurrency)"),
+      puma8("puma8-2x2", 2, "; only on the workloads that wait, beside blackbuck-2x2", threaded: true),
       puma8("puma8-2x3", PUMA_RAILS_THREADS, " (Rails' default)"),
       puma8("puma8-2x5", PUMA_MANY_THREADS, ""),
       Recipe.new(
@@ -366,7 +385,7 @@ module BlackbuckBench
     end
 
     # Falcon has no twin: it cannot be installed on this Ruby, and a second absent row says nothing.
-    ALL = BASE.flat_map { |r| r.ruby? && r.name != "falcon" ? [r, r.with_yjit] : [r] }.freeze
+    ALL = BASE.flat_map { |r| r.ruby? && r.name != "falcon" && !r.threaded? ? [r, r.with_yjit] : [r] }.freeze
 
     def self.nginx_path = first_existing("/usr/sbin/nginx", which("nginx"))
 

@@ -20,9 +20,12 @@ module BlackbuckBench
   #              blackbuck runs under gemfiles/rails61.gemfile
   # driver       the load tool for this workload (nil: the run's --driver); the warm-up always
   #              uses the run's driver, so that h2load can size its request count from its rate
+  # threaded     the threaded recipes (Recipe#threaded?: Blackbuck with app threads, Puma 8 with 2
+  #              threads) that run it too, on the apps that wait; in --quick only those of
+  #              quick_servers
   Workload = Struct.new(:name, :app, :title, :cells, :quick_cells, :workers, :connections, :duration,
                         :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rack2,
-                        :driver, keyword_init: true) do
+                        :driver, :threaded, keyword_init: true) do
     def mixed? = !targets.nil?
 
     # blackbuck-load's --target arguments and --json "targets" are keyed by path
@@ -46,17 +49,19 @@ module BlackbuckBench
                  quick_servers: %w[blackbuck unicorn pitchfork nginx], # the three framings: length, EOF, chunked
                  title: "hello world, no Content-Length (seed app: chunked or close-delimited)"),
     Workload.new(name: "iowait", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
+                 threaded: %w[blackbuck-2x2 blackbuck-2x5],
                  title: "10 ms wait per request (a database call), 50 keep-alive clients"),
     Workload.new(name: "iowait_burst", app: "iowait", cells: UNIX_KA, quick_cells: UNIX_KA, duration: MIXED_DURATION_S,
-                 driver: "h2load", quick_servers: %w[blackbuck unicorn puma8-2x5],
+                 driver: "h2load", quick_servers: %w[blackbuck blackbuck-2x5 unicorn puma8-2x5], threaded: %w[blackbuck-2x5],
                  title: "10 ms wait per request, the 50 connections opened at once (h2load)"),
     Workload.new(name: "mixed", app: "mixed", cells: UNIX_KA, quick_cells: UNIX_KA, workers: MIXED_WORKERS,
                  connections: MIXED_TARGETS.sum { |t| t["weight"] }, duration: MIXED_DURATION_S,
-                 targets: MIXED_TARGETS,
+                 targets: MIXED_TARGETS, threaded: %w[blackbuck-2x2 blackbuck-2x5 puma8-2x2],
                  title: "mixed: 16 clients on a 2 ms endpoint + 2 on a 300 ms one, #{MIXED_WORKERS} workers"),
     Workload.new(name: "mixed_nginx", app: "mixed", cells: UNIX_KA, quick_cells: UNIX_KA, workers: MIXED_WORKERS,
                  connections: MIXED_TARGETS.sum { |t| t["weight"] }, duration: MIXED_DURATION_S,
-                 targets: MIXED_TARGETS, front: "nginx", quick_servers: %w[blackbuck unicorn puma8-2x3],
+                 targets: MIXED_TARGETS, front: "nginx", quick_servers: %w[blackbuck blackbuck-2x2 unicorn puma8-2x2],
+                 threaded: %w[blackbuck-2x2 puma8-2x2],
                  title: "mixed behind nginx (upstream keep-alive, docs/DEPLOY.md), #{MIXED_WORKERS} workers"),
     Workload.new(name: "sinatra", app: "sinatra", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true,
                  title: "Sinatra hello (Debian ruby-sinatra)"),

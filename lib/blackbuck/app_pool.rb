@@ -1,0 +1,130 @@
+# frozen_string_literal: true
+
+require_relative "errors"
+require_relative "response"
+
+module Blackbuck
+  # --threads N (N > 1): the app threads of a worker. The worker's loop thread owns every
+  # connection; it hands a complete request over (#push) and takes it back when the app is done
+  # (#each_done), woken by a byte on a pipe in its poller. Between the two, only the app thread
+  # touches that connection: the loop has taken it out of its poller and its timeouts. Whatever the
+  # response asks of the worker (close the connection, forget a hijacked one, retire) is written
+  # down on the job and done by the loop thread (Sink), never by the app thread.
+  class AppPool
+    # One request on its way through an app thread. fd: the connection's number when handed over
+    # (a hijack detaches it). after: :close or :drop when the response ended the connection, :hand_over
+    # when the app hijacked it. retire: why the worker should stop after it (a request timeout).
+    Job = Struct.new(:conn, :fd, :env, :queued, :input, :started, :finished, :mode, :after, :retire)
+
+    def initialize(worker, config, app, size)
+      @worker = worker
+      @queue = Thread::Queue.new
+      @done = Thread::Queue.new
+      @wake_r, @wake_w = IO.pipe
+      @running = Array.new(size) # the job each thread runs, or nil
+      @threads = Array.new(size) do |i|
+        sink = Sink.new(worker)
+        response = Response.new(sink, config, app)
+        Thread.new { work(i, sink, response) }
+      end
+    end
+
+    def wake_fd = @wake_r.fileno
+
+    def push(job) = @queue.push(job)
+
+    # Yields every job the app threads have finished since the last call.
+    def each_done
+      @wake_r.read_nonblock(4096, exception: false)
+      until @done.empty?
+        job = @done.pop(true)
+        yield job
+      end
+    rescue ThreadError # empty after all
+      nil
+    end
+
+    # The request that has run longest: [seconds it has run, method, path], or nil when none runs.
+    def oldest
+      t = now
+      job = @running.compact.min_by(&:started)
+      job && [t - job.started, job.env["REQUEST_METHOD"], job.env["PATH_INFO"]]
+    end
+
+    # The master's request-timeout notice (USR2): the request that has run longest gets
+    # RequestTimeout raised in its thread, inside the app (the client gets a 503).
+    def time_out_oldest(limit)
+      t = now
+      i = (0...@running.size).select { |k| @running[k] }.min_by { |k| @running[k].started }
+      return unless i && t - @running[i].started >= limit
+
+      @threads[i].raise(RequestTimeout, "request ran longer than #{limit}s")
+    end
+
+    # The worker is exiting: the threads finish the job they run (the loop has waited for them
+    # unless the stop was forced) and end.
+    def stop(wait = 1)
+      @queue.close
+      deadline = now + wait
+      @threads.each { |th| th.join([deadline - now, 0].max) }
+    end
+
+    private
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # A RequestTimeout is taken only while the app runs its request (handle_interrupt); one that
+    # comes a moment too late, after the request ended, is dropped rather than hitting the next.
+    def work(index, sink, response)
+      Thread.handle_interrupt(RequestTimeout => :never) do
+        while (job = @queue.pop)
+          sink.job = job
+          job.started = now
+          @running[index] = job
+          begin
+            job.mode = Thread.handle_interrupt(RequestTimeout => :immediate) { response.handle(job.conn, job.env) }
+          rescue RequestTimeout # raised in handle's own error path: the answer is cut short
+            job.retire ||= "a request timed out"
+            job.after ||= :drop
+            job.mode = :closed
+          rescue Exception => e # rubocop:disable Lint/RescueException -- the loop must get its connection back
+            @worker.logger.exception("app thread", e)
+            job.after ||= :drop
+            job.mode = :closed
+          end
+          @running[index] = nil
+          drop_late_timeout
+          job.finished = now
+          @done.push(job)
+          @wake_w.write_nonblock(".", exception: false)
+        end
+      end
+    end
+
+    def drop_late_timeout
+      return unless Thread.pending_interrupt?(RequestTimeout)
+
+      Thread.handle_interrupt(RequestTimeout => :immediate) { Thread.pass }
+    rescue RequestTimeout
+      nil
+    end
+
+    # What a Response (and its rack.hijack hooks) call on "the worker", from an app thread: the
+    # connection's fate is written on the job for the loop thread.
+    class Sink
+      attr_writer :job
+
+      def initialize(worker)
+        @worker = worker
+      end
+
+      def logger = @worker.logger
+      def stopping? = @worker.stopping?
+      def now = @worker.now
+      def close(_conn) = (@job.after = :close)
+      def drop(_conn) = (@job.after = :drop)
+      def hand_over(_conn) = (@job.after = :hand_over)
+      def retire(why) = (@job.retire ||= why)
+    end
+  end
+end

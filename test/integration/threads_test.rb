@@ -1,0 +1,182 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+require "digest"
+require "open3"
+
+# --threads N: N app threads per worker (AppPool). Requests overlap with N > 1 and never with the
+# default 1; rack.multithread says which. The loop thread keeps every connection: bodies spilled
+# to a tempfile, streaming, hijack, early hints, the request timeout and a graceful stop work from
+# an app thread; a request waiting on a worker whose threads are all busy moves to a free worker.
+class ThreadsTest < ServerTest
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # Sends GET path on n fresh connections at once; [seconds until all answered, responses].
+  def concurrent_gets(server, path, n)
+    ios = Array.new(n) { server.tcp }
+    t = now
+    ios.each { |io| io.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n") }
+    responses = ios.map { |io| read_response(io, timeout: 10) }
+    [now - t, responses]
+  ensure
+    ios&.each(&:close)
+  end
+
+  def test_two_threads_overlap_two_sleeps_and_say_multithread
+    server = start_both(["--threads", "2"], app: "kitchen.ru", workers: 1)
+    took, (a, b) = concurrent_gets(server, "/overlap?t=0.2", 2)
+    assert_equal [200, 200], [a&.status, b&.status]
+    assert_operator took, :<, 0.3, "2 x 200 ms on one worker with 2 threads"
+    assert_match(/max=2 multithread=true/, b.body + a.body)
+  end
+
+  def test_one_thread_never_overlaps
+    server = start_both([], app: "kitchen.ru", workers: 1)
+    took, responses = concurrent_gets(server, "/overlap?t=0.1", 3)
+    assert_equal [200] * 3, responses.map { |r| r&.status }
+    responses.each { |r| assert_match(/max=1 multithread=false/, r.body) }
+    assert_operator took, :>=, 0.3, "three 100 ms requests one after another"
+  end
+
+  def test_bodies_streams_hints_and_hijack_from_app_threads
+    server = start_both(["--threads", "3"], app: "kitchen.ru", workers: 1)
+    body = Random.new(7).bytes(300 * 1024) # past body_buffer: a tempfile, closed by the loop afterwards
+    threads = Array.new(3) do
+      Thread.new do
+        io = server.unix
+        res = request(io, "POST", "/echo", body: body)
+        [res.status, res["x-input-class"], res["x-sha256"]]
+      ensure
+        io&.close
+      end
+    end
+    threads.map(&:value).each do |status, klass, sha|
+      assert_equal 200, status
+      assert_equal "Tempfile", klass
+      assert_equal Digest::SHA256.hexdigest(body), sha
+    end
+    io = server.tcp
+    assert_equal "s" * (4 * 65_536), request(io, "GET", "/stream-big?n=#{4 * 65_536}").body
+    io.write("GET /early HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_equal 103, read_response(io).status
+    assert_equal "after hints", read_response(io).body
+    assert_equal 200, request(io, "GET", "/hello").status, "keep-alive after answers from app threads"
+    hijacked = server.tcp
+    res = request(hijacked, "GET", "/hijack")
+    assert_equal "hijacked", res.body
+    assert_equal 200, request(io, "GET", "/hello").status, "the worker goes on after a hijack"
+    assert_operator fd_links(server.worker_pids.first).count { |l| l.start_with?("socket:") }, :<, 12
+  ensure
+    io&.close
+    hijacked&.close
+  end
+
+  # The master's timeout notice reaches the thread running the oldest request; the other thread's
+  # request is answered, and the worker is replaced once it has drained.
+  def test_request_timeout_in_an_app_thread
+    server = start_server(["-l", "127.0.0.1:0", "--timeout", "1", "--threads", "2"], app: "kitchen.ru")
+    old = server.worker_pids.first
+    stuck = server.tcp
+    stuck.write("GET /sleep?t=30 HTTP/1.1\r\nHost: x\r\n\r\n")
+    sleep 0.2
+    other = server.tcp
+    assert_equal "slept\n", request(other, "GET", "/sleep?t=0.3").body, "the second thread serves meanwhile"
+    res = read_response(stuck, timeout: 15)
+    assert_equal 503, res&.status
+    assert_match(%r{request timeout \(1s\): GET /sleep: Blackbuck::RequestTimeout}, server.log)
+    wait_for { (server.worker_pids - [old]).any? }
+  ensure
+    stuck&.close
+    other&.close
+  end
+
+  # TERM while both threads run a request: both are answered, then the server exits 0.
+  def test_term_waits_for_requests_in_app_threads
+    server = start_both(["--threads", "2"], app: "kitchen.ru", workers: 1)
+    ios = Array.new(2) { server.tcp }
+    ios.each { |io| io.write("GET /sleep?t=0.5 HTTP/1.1\r\nHost: x\r\n\r\n") }
+    sleep 0.2
+    server.signal(:TERM)
+    assert_equal [200, 200], ios.map { |io| read_response(io, timeout: 10)&.status }
+    assert_equal 0, server.wait_exit(15)&.exitstatus
+  ensure
+    ios&.each(&:close)
+  end
+
+  # Both threads of one worker run slow requests; a fast request on a third connection of that
+  # worker is answered by the other worker long before they end.
+  def test_a_request_on_a_full_worker_moves_to_a_free_one
+    server = start_both(["--threads", "2"], app: "handoff.ru", workers: 2)
+    conns = Array.new(10) { server.unix }
+    pids = conns.map { |c| Integer(request(c, "GET", "/").body[/pid=(\d+)/, 1]) }
+    pid, = pids.tally.max_by { |_, n| n }
+    mine = conns.each_index.select { |i| pids[i] == pid }
+    assert_operator mine.size, :>=, 3, "ten connections, two workers: #{pids.inspect}"
+    a, b, c = mine.first(3).map { |i| conns[i] }
+    [a, b].each { |io| io.write("GET /?sleep=1.5 HTTP/1.1\r\nHost: x\r\n\r\n") }
+    sleep 0.2
+    t = now
+    res = request(c, "GET", "/fast")
+    assert_operator now - t, :<, 0.8, "the fast request waited behind the slow ones"
+    refute_equal pid, Integer(res.body[/pid=(\d+)/, 1]), "another worker answered it"
+    assert_equal 200, request(c, "GET", "/").status, "the moved connection stays open"
+    [a, b].each { |io| assert_equal 200, read_response(io, timeout: 10)&.status }
+  ensure
+    conns&.each(&:close)
+  end
+
+  def test_every_request_is_served_once_with_threads_and_recycling
+    dir = Dir.mktmpdir("bb-test")
+    stats = "#{dir}/status.sock"
+    server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{stats}", "--threads", "3",
+                           "--max-requests-per-child", "40", "--min-requests-per-child", "20"],
+                          dir: dir, app: "handoff.ru", workers: 2)
+    results = Array.new(8) do |c|
+      Thread.new do
+        io = nil
+        Array.new(30) do |i|
+          id = "#{c}-#{i}"
+          path = i % 3 == 2 ? "/?sleep=0.03&id=#{id}" : "/?id=#{id}"
+          res = nil
+          20.times do
+            io ||= server.unix
+            res = begin
+              request(io, "GET", path)
+            rescue Errno::EPIPE, Errno::ECONNRESET
+              nil
+            end
+            (io.close; io = nil) if res.nil? || res["connection"] == "close"
+            break if res
+          end
+          [id, res&.status, res&.body.to_s[/ id=([\w-]+)/, 1]]
+        end
+      ensure
+        io&.close
+      end
+    end.flat_map(&:value)
+    assert_equal 240, results.size
+    results.each { |id, status, echoed| assert_equal [200, id], [status, echoed], "the answer to #{id}" }
+    wait_for { JSON.parse(stats_get(stats, "/status"))["totals"]["requests"] >= results.size }
+    sleep 0.2
+    totals = JSON.parse(stats_get(stats, "/status"))["totals"]
+    assert_equal results.size, totals["requests"], "requests served vs answers"
+    assert_operator server.log.scan(/worker \d+ \(pid \d+\) ready/).size, :>, 2, "workers were recycled"
+  end
+
+  def test_threads_must_be_a_positive_count
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "--threads", "0", "--check", File.join(APPS, "kitchen.ru"))
+    refute status.success?
+    assert_match(/threads/, out)
+  end
+
+  private
+
+  def stats_get(path, target)
+    io = UNIXSocket.new(path)
+    io.write("GET #{target} HTTP/1.1\r\nHost: x\r\n\r\n")
+    read_response(io).body
+  ensure
+    io&.close
+  end
+end
