@@ -29,7 +29,7 @@ module Blackbuck
 
     # Keys every request on this listener starts with; Conn#parse dups it. Built once (a worker's
     # settings do not change). multithread: the worker runs the app on more than one thread.
-    def env_template(rack_version, multithread: false)
+    def env_template(rack_version, multithread = false)
       @env_template ||= build_env_template(rack_version, multithread)
     end
 

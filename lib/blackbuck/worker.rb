@@ -60,6 +60,7 @@ module Blackbuck
       @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
       @threads = config[:threads]
       @busy = 0 # requests handed to app threads and not yet back
+      @multithread = @threads > 1
       @conns = {}
       @ready = []
       @served = 0
@@ -136,7 +137,9 @@ module Blackbuck
         release_moved(moved) if moved
         @scoreboard.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
       end
-      counted
+      @served += 1
+      @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
+      begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
       return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
       answered(conn)
@@ -222,7 +225,7 @@ module Blackbuck
         @handoff.start
       end
       @handoff_fd = receiver.fileno
-      @listener_info = @listeners.map { |l| [l.env_template(@rack_version, multithread: @threads > 1), l.tcp?].freeze }.freeze
+      @listener_info = @listeners.map { |l| [l.env_template(@rack_version, @multithread), l.tcp?].freeze }.freeze
       handoff_intake(true)
     end
 
@@ -287,7 +290,7 @@ module Blackbuck
       @scoreboard.running(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, age, method, path)
     end
 
-    # One more request served: OOB GC, and the recycling limit.
+    # One more request served: OOB GC, and the recycling limit (as #serve does inline).
     def counted
       @served += 1
       @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
@@ -389,11 +392,11 @@ module Blackbuck
       ACCEPT_BATCH.times do
         return if @stopping # a request served just now may have started a stop
 
-        if @conns.size >= @max_connections || (saturated? && !@pass_fd)
+        if @conns.size >= @max_connections || (@pool && saturated? && !@pass_fd)
           pause_accepting
           return
         end
-        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version, multithread: @threads > 1), listener.tcp?,
+        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version, @multithread), listener.tcp?,
                                    listener.proxy_protocol?, @listener_index[listener.fd])
         return unless conn
 
@@ -414,7 +417,7 @@ module Blackbuck
       return if @pass_fd && saturated? && move_out(conn)
 
       on_readable(conn)
-      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd) && conn.state != BUSY
+      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd) && (!@pool || conn.state != BUSY)
     end
 
     def pause_accepting
@@ -515,7 +518,10 @@ module Blackbuck
       conn.watched = mask
     end
 
-    def untrack(conn) = untrack_fd(conn.fd)
+    def untrack(conn)
+      @conns.delete(conn.fd)
+      resume_accepting if @paused
+    end
 
     def untrack_fd(fd)
       @conns.delete(fd)
