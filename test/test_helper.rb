@@ -285,6 +285,45 @@ module HTTPHelpers
     io&.close
   end
 
+  # GET target from a status listener on a UNIX socket (--stats-listen): the body.
+  def stats_get(path, target)
+    io = UNIXSocket.new(path)
+    io.write("GET #{target} HTTP/1.1\r\nHost: x\r\n\r\n")
+    read_response(io).body
+  ensure
+    io&.close
+  end
+
+  # `clients` keep-alive clients (threads) each send `per_client` numbered GETs to handoff.ru on
+  # the server's UNIX socket, one at a time; every `slow_every`-th waits 30 ms. A connection closed
+  # before its answer (a recycled worker closes idle ones) is opened again and the request sent
+  # again: it reached no app. Returns [[id, status, the id the answer echoes], ...].
+  def numbered_requests(server, clients:, per_client:, slow_every:)
+    Array.new(clients) do |c|
+      Thread.new do
+        io = nil
+        Array.new(per_client) do |i|
+          id = "#{c}-#{i}"
+          path = i % slow_every == slow_every - 1 ? "/?sleep=0.03&id=#{id}" : "/?id=#{id}"
+          res = nil
+          20.times do
+            io ||= server.unix
+            res = begin
+              request(io, "GET", path)
+            rescue Errno::EPIPE, Errno::ECONNRESET
+              nil
+            end
+            (io.close; io = nil) if res.nil? || res["connection"] == "close"
+            break if res
+          end
+          [id, res&.status, res&.body.to_s[/ id=([\w-]+)/, 1]]
+        end
+      ensure
+        io&.close
+      end
+    end.flat_map(&:value)
+  end
+
   # True when the peer closed: read returns EOF (or reset) within timeout.
   def closed_by_peer?(io, timeout: 5)
     Timeout.timeout(timeout) { loop { io.readpartial(65_536) } }

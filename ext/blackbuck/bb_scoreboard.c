@@ -150,11 +150,9 @@ static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
     return Qnil;
 }
 
-/* request_start(i, method, path, queue_seconds): state := BUSY (2), start clock, remember what runs,
- * count how long the request waited (the queue histogram). */
-static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
+/* The slot shows `method path` running since started_us (state BUSY, 2); both cut to fit. */
+static void show_running(struct sb_slot *s, VALUE method, VALUE path, int64_t started_us)
 {
-    struct sb_slot *s = slot(self, idx);
     size_t ml, pl;
     StringValue(method);
     StringValue(path);
@@ -166,9 +164,17 @@ static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, V
     s->method[ml] = 0;
     memcpy(s->path, RSTRING_PTR(path), pl);
     s->path[pl] = 0;
-    s->started_us = now_us();
-    s->started_ms = s->started_us / 1000;
+    s->started_us = started_us;
+    s->started_ms = started_us / 1000;
     s->state = 2;
+}
+
+/* request_start(i, method, path, queue_seconds): state := BUSY (2), start clock, remember what runs,
+ * count how long the request waited (the queue histogram). */
+static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
+{
+    struct sb_slot *s = slot(self, idx);
+    show_running(s, method, path, now_us());
     observe(&s->queue, (int64_t)(NUM2DBL(queue) * 1e6));
     return Qnil;
 }
@@ -192,26 +198,13 @@ static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
 static VALUE sb_running(VALUE self, VALUE idx, VALUE state, VALUE age, VALUE method, VALUE path)
 {
     struct sb_slot *s = slot(self, idx);
-    size_t ml, pl;
     if (NIL_P(age)) {
         s->started_ms = 0;
         s->started_us = 0;
         s->state = NUM2INT(state);
         return Qnil;
     }
-    StringValue(method);
-    StringValue(path);
-    ml = (size_t)RSTRING_LEN(method);
-    pl = (size_t)RSTRING_LEN(path);
-    if (ml >= SB_METHOD_MAX) ml = SB_METHOD_MAX - 1;
-    if (pl >= SB_PATH_MAX) pl = SB_PATH_MAX - 1;
-    memcpy(s->method, RSTRING_PTR(method), ml);
-    s->method[ml] = 0;
-    memcpy(s->path, RSTRING_PTR(path), pl);
-    s->path[pl] = 0;
-    s->started_us = now_us() - (int64_t)(NUM2DBL(age) * 1e6);
-    s->started_ms = s->started_us / 1000;
-    s->state = 2;
+    show_running(s, method, path, now_us() - (int64_t)(NUM2DBL(age) * 1e6));
     return Qnil;
 }
 

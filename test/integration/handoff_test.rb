@@ -174,51 +174,14 @@ class HandoffTest < ServerTest
                            "--max-requests-per-child", "40", "--min-requests-per-child", "20"],
                           dir: dir, app: "handoff.ru", workers: 2)
     clients, per_client = 6, 50
-    results = Array.new(clients) do |c|
-      Thread.new do
-        io = nil
-        retries = 0
-        answers = Array.new(per_client) do |i|
-          id = "#{c}-#{i}"
-          path = i % 4 == 3 ? "/?sleep=0.03&id=#{id}" : "/?id=#{id}"
-          loop do
-            io ||= server.unix
-            res = begin
-              request(io, "GET", path)
-            rescue Errno::EPIPE, Errno::ECONNRESET
-              nil
-            end
-            if res
-              (io.close; io = nil) if res["connection"] == "close"
-              break [id, res.status, res.body[/ id=([\w-]+)/, 1]]
-            end
-            io.close
-            io = nil
-            raise "request #{id}: no answer after 20 connections" if (retries += 1) > 20 * per_client
-          end
-        end
-        io&.close
-        answers
-      end
-    end.flat_map(&:value)
+    results = numbered_requests(server, clients: clients, per_client: per_client, slow_every: 4)
     assert_equal clients * per_client, results.size
-    assert_equal [200], results.map { |r| r[1] }.uniq
-    results.each { |id, _, echoed| assert_equal id, echoed, "the answer to #{id} belongs to it" }
-    served = wait_for { (s = JSON.parse(stats_get(stats, "/status"))["totals"])["requests"] >= results.size && s }
+    results.each { |id, status, echoed| assert_equal [200, id], [status, echoed], "the answer to #{id}" }
+    wait_for { JSON.parse(stats_get(stats, "/status"))["totals"]["requests"] >= results.size }
     sleep 0.2 # a request served twice would be counted by now
     served = JSON.parse(stats_get(stats, "/status"))["totals"]
     assert_equal results.size, served["requests"], "requests served by the server vs answers the clients got"
     assert_operator served["moved"], :>, 0, "connections moved while the 30 ms requests ran"
     assert_operator server.log.scan(/worker \d+ \(pid \d+\) ready/).size, :>, 2, "workers were recycled"
-  end
-
-  private
-
-  def stats_get(path, target)
-    io = UNIXSocket.new(path)
-    io.write("GET #{target} HTTP/1.1\r\nHost: x\r\n\r\n")
-    read_response(io).body
-  ensure
-    io&.close
   end
 end

@@ -132,29 +132,7 @@ class ThreadsTest < ServerTest
     server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{stats}", "--threads", "3",
                            "--max-requests-per-child", "40", "--min-requests-per-child", "20"],
                           dir: dir, app: "handoff.ru", workers: 2)
-    results = Array.new(8) do |c|
-      Thread.new do
-        io = nil
-        Array.new(30) do |i|
-          id = "#{c}-#{i}"
-          path = i % 3 == 2 ? "/?sleep=0.03&id=#{id}" : "/?id=#{id}"
-          res = nil
-          20.times do
-            io ||= server.unix
-            res = begin
-              request(io, "GET", path)
-            rescue Errno::EPIPE, Errno::ECONNRESET
-              nil
-            end
-            (io.close; io = nil) if res.nil? || res["connection"] == "close"
-            break if res
-          end
-          [id, res&.status, res&.body.to_s[/ id=([\w-]+)/, 1]]
-        end
-      ensure
-        io&.close
-      end
-    end.flat_map(&:value)
+    results = numbered_requests(server, clients: 8, per_client: 30, slow_every: 3)
     assert_equal 240, results.size
     results.each { |id, status, echoed| assert_equal [200, id], [status, echoed], "the answer to #{id}" }
     wait_for { JSON.parse(stats_get(stats, "/status"))["totals"]["requests"] >= results.size }
@@ -168,15 +146,5 @@ class ThreadsTest < ServerTest
     out, status = Open3.capture2e(RbConfig.ruby, EXE, "--threads", "0", "--check", File.join(APPS, "kitchen.ru"))
     refute status.success?
     assert_match(/threads/, out)
-  end
-
-  private
-
-  def stats_get(path, target)
-    io = UNIXSocket.new(path)
-    io.write("GET #{target} HTTP/1.1\r\nHost: x\r\n\r\n")
-    read_response(io).body
-  ensure
-    io&.close
   end
 end
