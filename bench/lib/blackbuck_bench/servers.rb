@@ -282,6 +282,15 @@ module BlackbuckBench
         bundled: true,
         variant: true
       ) { |ctx| blackbuck_command(ctx, "--no-sched-batch") },
+      Recipe.new(
+        name: "blackbuck-no-handoff",
+        summary: "blackbuck as above with --handoff-after 0: connections never move between workers",
+        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
+        worker_re: /\Ablackbuck worker/,
+        ready_re: /worker \d+ .*ready/,
+        bundled: true,
+        variant: true
+      ) { |ctx| blackbuck_command(ctx, "--handoff-after", "0") },
       blackbuck_threads("blackbuck-2x2", 2, "like Puma 8 with 2 threads"),
       blackbuck_threads("blackbuck-2x5", PUMA_MANY_THREADS, "like Puma 8 and Iodine 2x5"),
       Recipe.new(
