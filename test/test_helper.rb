@@ -297,7 +297,7 @@ module HTTPHelpers
   # `clients` keep-alive clients (threads) each send `per_client` numbered GETs to handoff.ru on
   # the server's UNIX socket, one at a time; every `slow_every`-th waits 30 ms. A connection closed
   # before its answer (a recycled worker closes idle ones) is opened again and the request sent
-  # again: it reached no app. Returns [[id, status, the id the answer echoes], ...].
+  # again: it reached no app. Returns [[id, status, the id the answer echoes, the pid that ran it], ...].
   def numbered_requests(server, clients:, per_client:, slow_every:)
     Array.new(clients) do |c|
       Thread.new do
@@ -316,7 +316,7 @@ module HTTPHelpers
             (io.close; io = nil) if res.nil? || res["connection"] == "close"
             break if res
           end
-          [id, res&.status, res&.body.to_s[/ id=([\w-]+)/, 1]]
+          [id, res&.status, res&.body.to_s[/ id=([\w-]+)/, 1], res&.body.to_s[/pid=(\d+)/, 1].to_i]
         end
       ensure
         io&.close

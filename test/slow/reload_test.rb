@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../test_helper"
+require "json"
 
 # HUP: new code under the same master pid, with zero failed requests; a broken deploy keeps
 # the old workers serving.
@@ -73,6 +74,42 @@ class ReloadTest < ServerTest
     io.close
     server.signal(:TERM)
     assert server.wait_exit(20)&.success?
+  end
+end
+
+# HUP re-exec while connections move between workers (hand-off; with app threads, the loop's own
+# moves): every numbered request is answered by its own answer, and the app ran each exactly once
+# (its ids, appended to a file by every worker of both generations, are each there once).
+class ReexecWhileMovingTest < ServerTest
+  def hup_while_moving(extra)
+    dir = Dir.mktmpdir("bb-test")
+    ids = "#{dir}/ids.log"
+    server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{dir}/status.sock", *extra],
+                          app: "handoff.ru", workers: 2, dir: dir, env: { "BB_ID_LOG" => ids })
+    old = server.worker_pids
+    load = Thread.new { numbered_requests(server, clients: 6, per_client: 150, slow_every: 3) }
+    sleep 0.5
+    server.signal(:HUP)
+    results = load.value
+    wait_for(30) { (server.worker_pids - old).size >= 2 } # the new generation served
+    results.each { |id, status, echoed| assert_equal [200, id], [status, echoed], "the answer to #{id}" }
+    by = results.map(&:last).uniq
+    refute_empty by & old, "the old generation answered some"
+    refute_empty by - old, "the new generation answered some"
+    served = File.readlines(ids, chomp: true).tally
+    assert_equal results.map(&:first).sort, served.keys.sort, "the app ran every request"
+    assert_equal [1], served.values.uniq, "no request ran twice: #{served.select { |_, n| n > 1 }.first(3)}"
+    assert_match(/old workers finishing|old worker \(pid \d+\) exited/, server.log)
+    moved = JSON.parse(stats_get("#{dir}/status.sock", "/status"))["totals"]["moved"]
+    assert_operator moved, :>, 0, "connections moved in the new generation too"
+  end
+
+  def test_hup_while_connections_move
+    hup_while_moving([])
+  end
+
+  def test_hup_while_connections_move_with_app_threads
+    hup_while_moving(["--threads", "2"])
   end
 end
 
