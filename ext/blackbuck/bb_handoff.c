@@ -43,6 +43,9 @@
 
 /* Fds one app call can move out at most (the rest wait for this worker, as before). */
 #define BB_HANDOFF_MOVED_MAX 1024
+/* Connections moved per watcher turn (every handoff_after while the app runs) at most: a slow
+ * request lets its neighbours go one by one, not all at once to siblings as busy as this worker. */
+#define BB_HANDOFF_MOVES_PER_TURN 1
 /* Ready fds looked at per watcher turn at most. */
 #define BB_HANDOFF_PEEK_MAX 256
 /* Nanoseconds without an app call after which the watcher parks instead of ticking every
@@ -135,11 +138,11 @@ static void private_fd_table(struct handoff *h)
 /* With loop_lock, while the app still runs: move every connection whose request is waiting. */
 static void move_waiting(struct handoff *h, int64_t t)
 {
-    int fds[BB_HANDOFF_PEEK_MAX], n, i;
+    int fds[BB_HANDOFF_PEEK_MAX], n, i, turn = 0;
     if (pthread_mutex_trylock(&h->loop_lock) != 0) return; /* the app is over: the loop serves them */
     if (__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST) && !h->disabled) {
         n = bb_poller_peek(h->pl, fds, BB_HANDOFF_PEEK_MAX);
-        for (i = 0; i < n && h->nmoved < BB_HANDOFF_MOVED_MAX; i++) {
+        for (i = 0; i < n && h->nmoved < BB_HANDOFF_MOVED_MAX && turn < BB_HANDOFF_MOVES_PER_TURN; i++) {
             int r = bb_conn_pass(fds[i], h->pidfd, h->sock, (double)t / 1e9, 0);
             if (r < 0) break; /* the queue is full (or gone): the rest wait here */
             if (r == 0) continue; /* a listener, the control pipe, a connection mid-request */
@@ -148,6 +151,7 @@ static void move_waiting(struct handoff *h, int64_t t)
             if (h->pidfd < 0) bb_poller_forget(h->pl, fds[i]);
             h->moved[h->nmoved++] = fds[i];
             h->moved_out++;
+            turn++;
         }
     }
     pthread_mutex_unlock(&h->loop_lock);

@@ -3,6 +3,7 @@
 # One app with a route per behaviour the integration tests check.
 require "json"
 require "digest"
+Digest::SHA256 # loaded now: Digest loads it lazily, which is not thread-safe (--threads: "cannot be directly inherited")
 
 STARTED = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 

@@ -78,7 +78,7 @@ class ReloadTest < ServerTest
 end
 
 # HUP re-exec while connections move between workers (hand-off; with app threads, the loop's own
-# moves): every numbered request is answered by its own answer, and the app ran each exactly once
+# moves; 10 clients keep 2 workers x 2 threads full): every numbered request is answered by its own answer, and the app ran each exactly once
 # (its ids, appended to a file by every worker of both generations, are each there once).
 class ReexecWhileMovingTest < ServerTest
   def hup_while_moving(extra)
@@ -87,7 +87,7 @@ class ReexecWhileMovingTest < ServerTest
     server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{dir}/status.sock", *extra],
                           app: "handoff.ru", workers: 2, dir: dir, env: { "BB_ID_LOG" => ids })
     old = server.worker_pids
-    load = Thread.new { numbered_requests(server, clients: 6, per_client: 150, slow_every: 3) }
+    load = Thread.new { numbered_requests(server, clients: 10, per_client: 100, slow_every: 3) }
     sleep 0.5
     server.signal(:HUP)
     results = load.value
