@@ -81,6 +81,22 @@ class HandoffUnitTest < Minitest::Test
     got.close
   end
 
+  # One connection per watcher turn (every handoff_after while the app runs), not all at once.
+  def test_waiting_connections_move_one_per_turn
+    pairs = Array.new(3) { idle_conn }
+    pairs.each { |_, client| client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
+    sleep 0.01
+    @handoff.app_begin
+    sleep AFTER * 1.5 # one turn at most
+    first = @handoff.app_end || []
+    assert_operator first.size, :<=, 1, "moved at once: #{first.inspect}"
+    @handoff.app_begin
+    sleep AFTER * 30
+    rest = @handoff.app_end || []
+    assert_equal pairs.map { |c, _| c.fd }.sort, (first + rest).sort, "the others went one by one"
+    3.times { Native::Conn.receive(@receiver.fileno, [[{}, false]])&.close }
+  end
+
   def test_a_connection_mid_request_with_bytes_read_or_closed_stays
     busy, busy_client = idle_conn
     busy.state = 4 # Worker::BUSY: the request the app runs
