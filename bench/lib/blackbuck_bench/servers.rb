@@ -233,15 +233,20 @@ module BlackbuckBench
                "-p", ctx.tcp_port.to_s, wrapper], chdir: ctx.dir }
     end
 
-    def self.blackbuck_threads(name, threads, why)
+    # Blackbuck with flags: the plain row (no flags), a variant, or a threaded row.
+    def self.blackbuck(name, summary, *flags, variant: false, threaded: false)
       Recipe.new(
-        name: name, threaded: true,
-        summary: "blackbuck as above with --threads #{threads} (#{why}); only on the workloads that wait",
+        name: name, summary: summary, variant: variant, threaded: threaded,
         executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
         worker_re: /\Ablackbuck worker/,
         ready_re: /worker \d+ .*ready/,
         bundled: true
-      ) { |ctx| blackbuck_command(ctx, "--threads", threads.to_s) }
+      ) { |ctx| blackbuck_command(ctx, *flags) }
+    end
+
+    def self.blackbuck_threads(name, threads, why)
+      blackbuck(name, "blackbuck as above with --threads #{threads} (#{why}); only on the workloads that wait",
+                "--threads", threads.to_s, threaded: true)
     end
 
     def self.puma8(name, threads, why, threaded: false)
@@ -265,32 +270,13 @@ module BlackbuckBench
     end
 
     BASE = [
-      Recipe.new(
-        name: "blackbuck",
-        summary: "bundle exec exe/blackbuck -w N -l 127.0.0.1:PORT -l unix:PATH, defaults (keep-alive on)",
-        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
-        worker_re: /\Ablackbuck worker/,
-        ready_re: /worker \d+ .*ready/,
-        bundled: true
-      ) { |ctx| blackbuck_command(ctx) },
-      Recipe.new(
-        name: "blackbuck-normal-sched",
-        summary: "blackbuck as above with --no-sched-batch: workers as normal tasks, to show what sched_batch adds",
-        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
-        worker_re: /\Ablackbuck worker/,
-        ready_re: /worker \d+ .*ready/,
-        bundled: true,
-        variant: true
-      ) { |ctx| blackbuck_command(ctx, "--no-sched-batch") },
-      Recipe.new(
-        name: "blackbuck-no-handoff",
-        summary: "blackbuck as above with --handoff-after 0: connections never move between workers",
-        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
-        worker_re: /\Ablackbuck worker/,
-        ready_re: /worker \d+ .*ready/,
-        bundled: true,
-        variant: true
-      ) { |ctx| blackbuck_command(ctx, "--handoff-after", "0") },
+      blackbuck("blackbuck", "bundle exec exe/blackbuck -w N -l 127.0.0.1:PORT -l unix:PATH, defaults (keep-alive on)"),
+      blackbuck("blackbuck-normal-sched",
+                "blackbuck as above with --no-sched-batch: workers as normal tasks, to show what sched_batch adds",
+                "--no-sched-batch", variant: true),
+      blackbuck("blackbuck-no-handoff",
+                "blackbuck as above with --handoff-after 0: connections never move between workers",
+                "--handoff-after", "0", variant: true),
       blackbuck_threads("blackbuck-2x2", 2, "like Puma 8 with 2 threads"),
       blackbuck_threads("blackbuck-2x5", PUMA_MANY_THREADS, "like Puma 8 and Iodine 2x5"),
       Recipe.new(
