@@ -46,17 +46,15 @@ module Blackbuck
 
     # The request that has run longest: [seconds it has run, method, path], or nil when none runs.
     def oldest
-      t = now
-      job = @running.compact.min_by(&:started)
-      job && [t - job.started, job.env["REQUEST_METHOD"], job.env["PATH_INFO"]]
+      _, job = oldest_running
+      job && [now - job.started, job.env["REQUEST_METHOD"], job.env["PATH_INFO"]]
     end
 
     # The master's request-timeout notice (USR2): the request that has run longest gets
     # RequestTimeout raised in its thread, inside the app (the client gets a 503).
     def time_out_oldest(limit)
-      t = now
-      i = (0...@running.size).select { |k| @running[k] }.min_by { |k| @running[k].started }
-      return unless i && t - @running[i].started >= limit
+      i, job = oldest_running
+      return unless job && now - job.started >= limit
 
       @threads[i].raise(RequestTimeout, "request ran longer than #{limit}s")
     end
@@ -72,6 +70,14 @@ module Blackbuck
     private
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # [thread index, job] of the request that started first, or nil when none runs. The app threads
+    # may empty their slots meanwhile: each job is read once.
+    def oldest_running
+      best = nil
+      @running.each_with_index { |job, i| best = [i, job] if job && (best.nil? || job.started < best[1].started) }
+      best
+    end
 
     # A RequestTimeout is taken only while the app runs its request (handle_interrupt); one that
     # comes a moment too late, after the request ended, is dropped rather than hitting the next.
@@ -120,7 +126,6 @@ module Blackbuck
 
       def logger = @worker.logger
       def stopping? = @worker.stopping?
-      def now = @worker.now
       def close(_conn) = (@job.after = :close)
       def drop(_conn) = (@job.after = :drop)
       def hand_over(_conn) = (@job.after = :hand_over)

@@ -137,9 +137,7 @@ module Blackbuck
         release_moved(moved) if moved
         @scoreboard.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
       end
-      @served += 1
-      @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
-      begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
+      counted
       return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
       answered(conn)
@@ -290,7 +288,7 @@ module Blackbuck
       @scoreboard.running(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, age, method, path)
     end
 
-    # One more request served: OOB GC, and the recycling limit (as #serve does inline).
+    # One more request served: OOB GC, and the recycling limit.
     def counted
       @served += 1
       @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
@@ -518,10 +516,7 @@ module Blackbuck
       conn.watched = mask
     end
 
-    def untrack(conn)
-      @conns.delete(conn.fd)
-      resume_accepting if @paused
-    end
+    def untrack(conn) = untrack_fd(conn.fd)
 
     def untrack_fd(fd)
       @conns.delete(fd)
