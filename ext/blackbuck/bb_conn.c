@@ -656,7 +656,7 @@ static VALUE conn_parse(VALUE self)
     int r, https = 0;
     double now = 0;
 
-    if (c->proxy) rb_raise(rb_eRuntimeError, "[BUG] parse before the PROXY protocol header was taken");
+    if (c->proxy) return Qfalse; /* the PROXY protocol header comes first: parse_proxy */
     if (c->off == c->len) return Qnil;
     memset(&req, 0, sizeof(req));
     req.headers = headers;
@@ -1172,11 +1172,27 @@ static void head_start(struct conn *c, struct head_state *st, int status, VALUE 
     }
 }
 
+/*
+ * Keep-alive is decided here, for the whole process (a worker): the client's wish (parse), the
+ * response's framing (write_response), and these two, set from Ruby: max_keepalive_requests
+ * (Conn.keepalive_policy; 1 = keepalive off) and the worker's stop (Conn.stopping!). A response
+ * head says "Connection: close" when one of them ends the connection, and next_request ends it.
+ */
+static long keepalive_max; /* requests per connection, then Connection: close; 0 = no cap */
+static int stopping;       /* atomic: app threads write heads too */
+
+static int keepalive_allowed(const struct conn *c)
+{
+    return c->keepalive && !__atomic_load_n(&stopping, __ATOMIC_RELAXED) &&
+           (keepalive_max <= 0 || c->requests + 1 < keepalive_max);
+}
+
 /* Ends the head: Connection (the server's, unless raw), Date unless the app gave one, the empty line. */
 static void head_finish(struct conn *c, const struct head_state *st)
 {
     size_t len;
     const char *p;
+    if (!st->raw && !keepalive_allowed(c)) c->keepalive = 0;
     if (st->raw) {
         /* nothing: the app's Connection header stands */
     } else if (!c->keepalive) hcat("Connection: close\r\n", 19);
@@ -1582,9 +1598,8 @@ static VALUE conn_detach(VALUE self)
 }
 
 /* Prepares for the next request on this connection. */
-static VALUE conn_next(VALUE self)
+static void conn_next(struct conn *c)
 {
-    struct conn *c = get_conn(self);
     c->requests++;
     c->env = Qnil;
     c->sink = Qnil;
@@ -1593,7 +1608,41 @@ static VALUE conn_next(VALUE self)
     c->expect_continue = 0;
     c->head_only = 0; /* client_close stays: finish_response asks shutdown_write after this */
     c->spill_failed = 0;
-    return self;
+}
+
+/*
+ * next_request(keepalive_seconds) -> the bytes of the next request already read (Integer), or nil
+ * when the connection ends with this response (its head said "Connection: close", or the worker
+ * is stopping). Otherwise the connection is IDLE for keepalive_seconds from now (its deadline, on
+ * the clock of Process.clock_gettime(Process::CLOCK_MONOTONIC)).
+ */
+static VALUE conn_next_request(VALUE self, VALUE keepalive_seconds)
+{
+    struct conn *c = get_conn(self);
+    struct timespec ts;
+    conn_next(c);
+    if (!c->keepalive || __atomic_load_n(&stopping, __ATOMIC_RELAXED)) return Qnil;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    __atomic_store_n(&c->state, BB_CONN_IDLE, __ATOMIC_RELAXED);
+    c->deadline = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 + NUM2DBL(keepalive_seconds);
+    return LONG2NUM((long)(c->len - c->off));
+}
+
+/* Conn.keepalive_policy(max_requests): requests per connection, then "Connection: close" (0 = no
+ * cap, 1 = keep-alive off). Once per worker, before it serves. */
+static VALUE conn_s_keepalive_policy(VALUE klass, VALUE max)
+{
+    (void)klass;
+    keepalive_max = NUM2LONG(max);
+    return Qnil;
+}
+
+/* Conn.stopping!: this worker is stopping; every response from now on says "Connection: close". */
+static VALUE conn_s_stopping(VALUE klass)
+{
+    (void)klass;
+    __atomic_store_n(&stopping, 1, __ATOMIC_RELAXED);
+    return Qnil;
 }
 
 #define ATTR_INT(name, field)                                                                                         \
@@ -1610,11 +1659,9 @@ ATTR_INT(content_length, content_length)
 ATTR_BOOL(body_done, body_done)
 ATTR_BOOL(expect_continue, expect_continue)
 ATTR_BOOL(chunked, body_mode == BODY_CHUNKED)
-ATTR_BOOL(keepalive, keepalive)
 static VALUE conn_get_pending_output(VALUE self) { return queued(get_conn(self)) ? Qtrue : Qfalse; }
 ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
-ATTR_BOOL(proxy_pending, proxy)
 ATTR_BOOL(moved, moved)
 ATTR_VALUE(env)
 ATTR_VALUE(sink)
@@ -1648,11 +1695,6 @@ static VALUE conn_set_body_started(VALUE self, VALUE v)
 {
     get_conn(self)->body_started = NUM2DBL(v);
     return v;
-}
-static VALUE conn_no_keepalive(VALUE self)
-{
-    get_conn(self)->keepalive = 0;
-    return self;
 }
 
 static VALUE reg(VALUE v)
@@ -1690,19 +1732,18 @@ void bb_init_conn(void)
     rb_define_method(cConn, "shutdown_write", conn_shutdown_write, 0);
     rb_define_method(cConn, "discard_input", conn_discard_input, 0);
     rb_define_method(cConn, "detach", conn_detach, 0);
-    rb_define_method(cConn, "next_request!", conn_next, 0);
-    rb_define_method(cConn, "no_keepalive!", conn_no_keepalive, 0);
+    rb_define_method(cConn, "next_request", conn_next_request, 1);
+    rb_define_singleton_method(cConn, "keepalive_policy", conn_s_keepalive_policy, 1);
+    rb_define_singleton_method(cConn, "stopping!", conn_s_stopping, 0);
     rb_define_method(cConn, "fd", conn_get_fd, 0);
     rb_define_method(cConn, "requests", conn_get_requests, 0);
     rb_define_method(cConn, "content_length", conn_get_content_length, 0);
     rb_define_method(cConn, "body_done?", conn_get_body_done, 0);
     rb_define_method(cConn, "expect_continue?", conn_get_expect_continue, 0);
     rb_define_method(cConn, "chunked?", conn_get_chunked, 0);
-    rb_define_method(cConn, "keepalive?", conn_get_keepalive, 0);
     rb_define_method(cConn, "pending_output?", conn_get_pending_output, 0);
     rb_define_method(cConn, "closed?", conn_get_closed, 0);
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
-    rb_define_method(cConn, "proxy_pending?", conn_get_proxy_pending, 0);
     rb_define_method(cConn, "buffered", conn_get_buffered, 0);
     rb_define_method(cConn, "state", conn_get_state, 0);
     rb_define_method(cConn, "state=", conn_set_state, 1);

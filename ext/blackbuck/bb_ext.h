@@ -77,6 +77,9 @@ void bb_init_conn(void);
 void bb_init_handoff(void);
 void bb_init_poller(void);
 void bb_init_scoreboard(void);
+/* Scoreboard#request_start and #request_done, for Handoff's (which wrap them). */
+VALUE bb_scoreboard_request_start(VALUE sb, VALUE idx, VALUE method, VALUE path, VALUE queue);
+VALUE bb_scoreboard_request_done(VALUE sb, VALUE idx, VALUE state);
 void bb_init_queue(void);
 
 #endif

@@ -15,16 +15,20 @@
  * in progress moves.
  *
  * Who touches what:
- *   loop_lock   held by the Ruby thread at all times except while the app runs (app_begin ..
- *               app_end). The watcher only moves connections while it holds it (trylock), so it
+ *   loop_lock   held by the Ruby thread at all times except while the app runs (request_start ..
+ *               request_done). The watcher only moves connections while it holds it (trylock), so it
  *               never races the event loop, and app_end waits for a move in progress to finish.
  *   lock, cond  the watcher's sleep: timed waits until the app has run handoff_after, then every
  *               handoff_after while it runs or while the worker is busy; parked once no app has
- *               run for BB_HANDOFF_PARK_NS (app_begin wakes it).
- *   moved       fds moved out during the current app call, handed to the Ruby thread by app_end,
- *               which drops its Conns for them (close: the socket lives on in the receiver).
+ *               run for BB_HANDOFF_PARK_NS (request_start wakes it).
+ *   moved       fds moved out during the current app call, handed to the Ruby thread by
+ *               request_done, which drops its Conns for them (close: the socket lives on in the receiver).
  *
- *   Handoff.new(poller, sock_fd, after_seconds); start; app_begin; app_end -> nil | [fd, ...];
+ * The app's start and end are the scoreboard's request_start and request_done, so the worker says
+ * both in one call each: Handoff's request_start and request_done do the scoreboard's too.
+ *
+ *   Handoff.new(poller, sock_fd, after_seconds, scoreboard); start;
+ *   request_start(i, method, path, queue_seconds); request_done(i, state) -> nil | [fd, ...];
  *   moved_out -> Integer; stop
  */
 #ifndef _GNU_SOURCE
@@ -54,6 +58,7 @@
 
 struct handoff {
     VALUE poller;
+    VALUE scoreboard; /* Native::Scoreboard: request_start/request_done are its too */
     struct poller *pl;
     int sock;         /* the generation's hand-off socket (send end) */
     int epfd;         /* the poller's epoll fd (-1: the poll(2) poller) */
@@ -202,7 +207,11 @@ static void handoff_stop_thread(struct handoff *h)
     h->stopped = 1;
 }
 
-static void handoff_mark(void *p) { rb_gc_mark(((struct handoff *)p)->poller); }
+static void handoff_mark(void *p)
+{
+    rb_gc_mark(((struct handoff *)p)->poller);
+    rb_gc_mark(((struct handoff *)p)->scoreboard);
+}
 
 static void handoff_free(void *p)
 {
@@ -222,6 +231,7 @@ static VALUE handoff_alloc(VALUE klass)
     struct handoff *h;
     VALUE obj = TypedData_Make_Struct(klass, struct handoff, &handoff_type, h);
     h->poller = Qnil;
+    h->scoreboard = Qnil;
     h->sock = -1;
     h->epfd = -1;
     h->pidfd = -1;
@@ -235,8 +245,8 @@ static struct handoff *get_handoff(VALUE self)
     return h;
 }
 
-/* Handoff.new(poller, sock_fd, after_seconds): after_seconds 0 = never move (start does nothing). */
-static VALUE handoff_init(VALUE self, VALUE poller, VALUE sock, VALUE after)
+/* Handoff.new(poller, sock_fd, after_seconds, scoreboard): after_seconds 0 = never move (start does nothing). */
+static VALUE handoff_init(VALUE self, VALUE poller, VALUE sock, VALUE after, VALUE scoreboard)
 {
     struct handoff *h = get_handoff(self);
     double secs = NUM2DBL(after);
@@ -245,6 +255,7 @@ static VALUE handoff_init(VALUE self, VALUE poller, VALUE sock, VALUE after)
     h->pl = bb_poller_get(poller);
     h->epfd = bb_poller_epoll_fd(h->pl);
     h->poller = poller;
+    h->scoreboard = scoreboard;
     h->sock = NUM2INT(sock);
     h->after_ns = (int64_t)(secs * 1e9);
     pthread_mutex_init(&h->loop_lock, NULL);
@@ -278,11 +289,10 @@ static VALUE handoff_start(VALUE self)
     return Qtrue;
 }
 
-/* app_begin: the app is about to run; the watcher may move connections until app_end. */
-static VALUE handoff_app_begin(VALUE self)
+/* The app is about to run: the watcher may move connections until app_end. */
+static void app_begin(struct handoff *h)
 {
-    struct handoff *h = get_handoff(self);
-    if (!h->started || h->stopped || h->in_app) return Qnil; /* in_app: only this thread writes it */
+    if (!h->started || h->stopped || h->in_app) return; /* in_app: only this thread writes it */
     __atomic_store_n(&h->app_started_ns, mono_ns(), __ATOMIC_SEQ_CST);
     __atomic_store_n(&h->in_app, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&h->parked, __ATOMIC_SEQ_CST)) {
@@ -291,13 +301,11 @@ static VALUE handoff_app_begin(VALUE self)
         pthread_mutex_unlock(&h->lock);
     }
     pthread_mutex_unlock(&h->loop_lock);
-    return Qnil;
 }
 
-/* app_end -> nil, or the fds moved out meanwhile (their Conns are to be closed and forgotten). */
-static VALUE handoff_app_end(VALUE self)
+/* The app is done: nil, or the fds moved out meanwhile (their Conns are to be closed and forgotten). */
+static VALUE app_end(struct handoff *h)
 {
-    struct handoff *h = get_handoff(self);
     VALUE fds;
     int i;
     /* Not after app_begin (an exception, e.g. the request timeout, came between the two): the
@@ -310,6 +318,24 @@ static VALUE handoff_app_end(VALUE self)
     for (i = 0; i < h->nmoved; i++) rb_ary_push(fds, INT2FIX(h->moved[i]));
     h->nmoved = 0;
     return fds;
+}
+
+/* request_start(i, method, path, queue_seconds): the scoreboard's, then the app may run. */
+static VALUE handoff_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
+{
+    struct handoff *h = get_handoff(self);
+    bb_scoreboard_request_start(h->scoreboard, idx, method, path, queue);
+    app_begin(h);
+    return Qnil;
+}
+
+/* request_done(i, state) -> nil | [fd, ...]: the app is done (app_end), then the scoreboard's. */
+static VALUE handoff_request_done(VALUE self, VALUE idx, VALUE state)
+{
+    struct handoff *h = get_handoff(self);
+    VALUE moved = app_end(h);
+    bb_scoreboard_request_done(h->scoreboard, idx, state);
+    return moved;
 }
 
 static VALUE handoff_moved_out(VALUE self) { return ULL2NUM(get_handoff(self)->moved_out); }
@@ -342,10 +368,10 @@ void bb_init_handoff(void)
 {
     VALUE c = rb_define_class_under(bb_mNative, "Handoff", rb_cObject);
     rb_define_alloc_func(c, handoff_alloc);
-    rb_define_method(c, "initialize", handoff_init, 3);
+    rb_define_method(c, "initialize", handoff_init, 4);
     rb_define_method(c, "start", handoff_start, 0);
-    rb_define_method(c, "app_begin", handoff_app_begin, 0);
-    rb_define_method(c, "app_end", handoff_app_end, 0);
+    rb_define_method(c, "request_start", handoff_request_start, 4);
+    rb_define_method(c, "request_done", handoff_request_done, 2);
     rb_define_method(c, "moved_out", handoff_moved_out, 0);
     rb_define_method(c, "private_fd_table?", handoff_private_table, 0);
     rb_define_singleton_method(c, "private_fd_table_possible?", handoff_s_private_possible, 0);

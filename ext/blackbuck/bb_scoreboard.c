@@ -171,7 +171,7 @@ static void show_running(struct sb_slot *s, VALUE method, VALUE path, int64_t st
 
 /* request_start(i, method, path, queue_seconds): state := BUSY (2), start clock, remember what runs,
  * count how long the request waited (the queue histogram). */
-static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
+VALUE bb_scoreboard_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
 {
     struct sb_slot *s = slot(self, idx);
     show_running(s, method, path, now_us());
@@ -180,7 +180,7 @@ static VALUE sb_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, V
 }
 
 /* request_done(i, state): one more request served; back to `state`. */
-static VALUE sb_request_done(VALUE self, VALUE idx, VALUE state)
+VALUE bb_scoreboard_request_done(VALUE self, VALUE idx, VALUE state)
 {
     struct sb_slot *s = slot(self, idx);
     bump(&s->requests, 1);
@@ -291,10 +291,10 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "initialize", sb_init, 1);
     rb_define_method(c, "size", sb_size, 0);
     rb_define_method(c, "reset", sb_reset, 2);
-    rb_define_method(c, "request_start", sb_request_start, 4);
+    rb_define_method(c, "request_start", bb_scoreboard_request_start, 4);
     rb_define_method(c, "request_shed", sb_request_shed, 1);
     rb_define_method(c, "histograms", sb_histograms, 1);
-    rb_define_method(c, "request_done", sb_request_done, 2);
+    rb_define_method(c, "request_done", bb_scoreboard_request_done, 2);
     rb_define_method(c, "running", sb_running, 5);
     rb_define_method(c, "request_observed", sb_request_observed, 3);
     rb_define_method(c, "tick", sb_tick, 3);

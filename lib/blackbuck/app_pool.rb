@@ -125,7 +125,6 @@ module Blackbuck
       end
 
       def logger = @worker.logger
-      def stopping? = @worker.stopping?
       def close(_conn) = (@job.after = :close)
       def drop(_conn) = (@job.after = :drop)
       def hand_over(_conn) = (@job.after = :hand_over)

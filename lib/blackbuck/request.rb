@@ -34,18 +34,15 @@ module Blackbuck
       elapsed > MIN_RATE_GRACE && conn.sink.size < @min_body_rate * elapsed
     end
 
-    # Makes as much progress as the buffered bytes allow.
-    def advance(conn)
-      if conn.state == Worker::BODY
-        read_body(conn)
-        return
-      end
-      return proxy_header(conn) if conn.proxy_pending?
+    # Makes as much progress as the buffered bytes allow. state: the connection's (Conn#state).
+    def advance(conn, state)
+      return read_body(conn) if state == Worker::BODY
 
       env = conn.parse
       case env
       when Hash then start(conn, env)
       when Integer then reject(conn, env)
+      when false then proxy_header(conn)
       else
         if conn.state == Worker::IDLE && conn.buffered.positive?
           conn.state = Worker::HEAD # the clock for a whole head starts with its first byte
@@ -73,7 +70,7 @@ module Blackbuck
       case conn.parse_proxy
       when true
         conn.deadline = @worker.now + @header_timeout
-        advance(conn) unless conn.buffered.zero?
+        advance(conn, Worker::IDLE) unless conn.buffered.zero?
       when false then @worker.drop(conn)
       end
     end

@@ -9,7 +9,7 @@ module Blackbuck
   # an Array body goes out in one writev with Content-Length; a body that names its file
   # (`to_path`) is sent from that file with sendfile(2) (Conn#write_file); an `each` body is
   # streamed, chunked on HTTP/1.1 when the app gave no length; a Rack 3 callable body gets a
-  # stream. Returns :done, :hijacked or :closed.
+  # stream. Returns :done (all of it sent), :written (some of it queued), :hijacked or :closed.
   class Response
     RESPONSE_FINISHED = "rack.response_finished"
     HIJACK = "rack.hijack"
@@ -74,7 +74,6 @@ module Blackbuck
         return :hijacked
       end
 
-      conn.no_keepalive! if @worker.stopping?
       if (target = @file_redirect&.resolve(headers))
         mode = write_redirect(conn, env, target)
         return answer_error(conn, 500, hooks) unless mode
@@ -87,7 +86,8 @@ module Blackbuck
           mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED)
         end
       end
-      return :done unless mode == Native::Conn::WRITE_FAILED
+      # :done: all of it is out; :written: some may wait in the output queue for the client
+      return streaming || mode != Native::Conn::WRITE_DONE ? :written : :done unless mode == Native::Conn::WRITE_FAILED
 
       @worker.drop(conn)
       :closed

@@ -53,6 +53,7 @@ module Blackbuck
       @listeners = listeners
       @control = control
       @scoreboard = scoreboard
+      @app_gate = scoreboard # request_start/request_done; the hand-off watcher's when it runs
       @logger = logger
       @requests_limit = requests_limit
       @handoff_socket = handoff # [send end, receive end] shared by the generation's workers, or nil
@@ -92,17 +93,20 @@ module Blackbuck
       install_traps
       @rack_version = Blackbuck.rack_version
       @poller = Native::Poller.new(256)
+      # Each listener as #accept_from needs it, looked up once: [fd, env template, tcp, proxy_protocol,
+      # index, seconds its connections have for their first head].
       @listener_by_fd = {}
-      @listener_index = {}
       @listeners.each_with_index do |l, i|
-        @listener_by_fd[l.fd] = l
-        @listener_index[l.fd] = i
+        seconds = l.proxy_protocol? ? @proxy_header_timeout : @header_timeout
+        @listener_by_fd[l.fd] = [l.fd, l.env_template(@rack_version, @multithread), l.tcp?, l.proxy_protocol?, i, seconds].freeze
         @poller.add(l.fd, Native::Poller::EXCLUSIVE)
       end
       @poller.add(@control.fileno, IN)
       start_app_threads
       start_handoff
       @scoreboard.reset(@index, Process.pid)
+      # The last response on a connection says so ("Connection: close"): keepalive off is 1.
+      Native::Conn.keepalive_policy(@keepalive ? @max_keepalive_requests : 1)
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
       loop_until_done
@@ -112,35 +116,28 @@ module Blackbuck
       @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests")
     end
 
-    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-    def stopping? = @stopping
-
     # Called by Request once a whole request (head and body) is in: run the app, answer.
     def serve(conn, env)
-      # The last response on a connection says so ("Connection: close").
-      cap = @max_keepalive_requests
-      conn.no_keepalive! if @stopping || !@keepalive || (cap.positive? && conn.requests + 1 >= cap)
       queued = env[QUEUE_TIME] = conn.queue_time
       return shed(conn) if @max_queue_time.positive? && queued > @max_queue_time
       return dispatch(conn, env, queued) if @pool
 
       conn.state = BUSY
-      @scoreboard.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"], queued)
+      # The scoreboard's request_start/request_done, through the hand-off watcher when there is one
+      # (it may move this worker's waiting connections in between).
+      @app_gate.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"], queued)
       @in_app = true
       begin
-        @handoff&.app_begin
         mode = @response.handle(conn, env)
       ensure
         @in_app = false
-        moved = @handoff&.app_end
+        moved = @app_gate.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
         release_moved(moved) if moved
-        @scoreboard.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
       end
       counted
       return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
-      answered(conn)
+      answered(conn, mode)
     end
 
     # True while every app thread has a request: the worker takes no new connection then, and a
@@ -159,9 +156,10 @@ module Blackbuck
       answered(conn)
     end
 
-    # The response is written (or queued): wait for the client to take it, or go on.
-    def answered(conn)
-      if conn.pending_output?
+    # The response is written (:done, Response#handle) or maybe partly queued (:written): wait for
+    # the client to take the rest, or go on.
+    def answered(conn, mode = :written)
+      if mode != :done && conn.pending_output?
         conn.state = WRITE
         conn.deadline = now + @write_timeout
         watch(conn, OUT)
@@ -193,8 +191,7 @@ module Blackbuck
     # rack.hijack: the app takes the socket. The worker stops watching and tracking it, so a
     # hijacked connection (a WebSocket) never counts as work in flight when the worker stops.
     def hand_over(conn)
-      @poller.delete(conn.fd) if conn.polled?
-      conn.watched = 0
+      unwatch(conn)
       untrack(conn)
     end
 
@@ -204,6 +201,8 @@ module Blackbuck
     # Output was queued while the request is still being read (a 100 Continue the client did
     # not take): send it when the socket becomes writable.
     def flush_later(conn) = watch(conn, IN | OUT)
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
     private
 
@@ -219,7 +218,7 @@ module Blackbuck
       if @pool
         @pass_fd = sender.fileno
       else
-        @handoff = Native::Handoff.new(@poller, sender.fileno, @config[:handoff_after])
+        @handoff = @app_gate = Native::Handoff.new(@poller, sender.fileno, @config[:handoff_after], @scoreboard)
         @handoff.start
       end
       @handoff_fd = receiver.fileno
@@ -240,10 +239,7 @@ module Blackbuck
     # theirs: out of the poller and of the timeouts (#expire skips BUSY).
     def dispatch(conn, env, queued)
       conn.state = BUSY
-      if conn.polled?
-        @poller.delete(conn.fd)
-        conn.watched = 0
-      end
+      unwatch(conn)
       input = env["rack.input"]
       @busy += 1
       @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil))
@@ -270,7 +266,7 @@ module Blackbuck
         when :drop then drop(conn)
         when :close then close(conn)
         else
-          answered(conn) unless job.mode == :hijacked || conn.closed?
+          answered(conn, job.mode) unless job.mode == :hijacked || conn.closed?
         end
       end
       publish_running
@@ -302,10 +298,7 @@ module Blackbuck
       return false unless conn.pass(@pass_fd)
 
       @moved_out += 1
-      if conn.polled?
-        @poller.delete(conn.fd)
-        conn.watched = 0
-      end
+      unwatch(conn)
       drop(conn)
       true
     end
@@ -377,7 +370,7 @@ module Blackbuck
           end
         end
         serve_ready unless @ready.empty?
-        tick if @stop_signals > @stop_signals_seen || @reopen_logs || now >= @next_tick
+        tick if @stop_signals > @stop_signals_seen || @reopen_logs || @woke_at >= @next_tick
       end
     end
 
@@ -387,6 +380,7 @@ module Blackbuck
     end
 
     def accept_from(listener)
+      fd, template, tcp, proxy, index, seconds = listener
       ACCEPT_BATCH.times do
         return if @stopping # a request served just now may have started a stop
 
@@ -394,11 +388,10 @@ module Blackbuck
           pause_accepting
           return
         end
-        conn = Native::Conn.accept(listener.fd, listener.env_template(@rack_version, @multithread), listener.tcp?,
-                                   listener.proxy_protocol?, @listener_index[listener.fd])
+        conn = Native::Conn.accept(fd, template, tcp, proxy, index)
         return unless conn
 
-        take(conn, listener.proxy_protocol? ? @proxy_header_timeout : @header_timeout)
+        take(conn, seconds)
       end
     rescue Errno::EMFILE, Errno::ENFILE => e
       @logger.warn("accept: #{e.message} (open connections: #{@conns.size}); pausing accept")
@@ -414,7 +407,7 @@ module Blackbuck
       conn.deadline = now + seconds
       return if @pass_fd && saturated? && move_out(conn)
 
-      on_readable(conn)
+      on_readable(conn, IDLE)
       watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd) && (!@pool || conn.state != BUSY)
     end
 
@@ -443,30 +436,33 @@ module Blackbuck
     end
 
     def on_event(conn, ev)
-      case conn.state
+      case (state = conn.state)
       when WRITE then flush(conn)
       when LINGER then drop(conn) if conn.discard_input
       else
-        flush_interim(conn) if ev & OUT != 0
-        on_readable(conn) if ev & (IN | ERR) != 0 && !conn.closed?
+        if ev & OUT != 0
+          flush_interim(conn)
+          return if conn.closed?
+        end
+        on_readable(conn, state) if ev & (IN | ERR) != 0
       end
     end
 
-    def on_readable(conn)
-      return if @pass_fd && conn.state == IDLE && saturated? && move_out(conn)
+    def on_readable(conn, state)
+      return if @pass_fd && state == IDLE && saturated? && move_out(conn)
 
       r = conn.fill(@woke_at)
       return if r.nil?
       return drop(conn) if r.zero?
 
-      @request.advance(conn)
+      @request.advance(conn, state)
     end
 
     # The client became writable: send more. write_timeout limits how long it may take
     # nothing, so the deadline moves with every flush (a steady slow reader is fine).
     def flush(conn)
       case conn.flush
-      when Native::Conn::WRITE_DONE then finish_response(conn)
+      when Native::Conn::WRITE_DONE then finish_response(conn, true)
       when Native::Conn::WRITE_PENDING then conn.deadline = now + @write_timeout
       when Native::Conn::WRITE_FAILED then drop(conn)
       end
@@ -480,40 +476,41 @@ module Blackbuck
       end
     end
 
-    # The response is out: keep the connection for the next request, or close it.
-    def finish_response(conn)
-      conn.next_request!
-      return close(conn) if !conn.keepalive? || @stopping
+    # The response is out: keep the connection for the next request, or close it (Conn#next_request
+    # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) not at all.
+    def finish_response(conn, rewatch = @pool)
+      return close(conn) unless (buffered = conn.next_request(@keepalive_timeout))
 
-      conn.state = IDLE
-      conn.deadline = now + @keepalive_timeout
-      # It may have been watched for OUT; back from an app thread it is not watched at all.
-      watch(conn, IN) if conn.polled? || @pool
-      return if conn.buffered.zero?
+      watch(conn, IN) if rewatch
+      return if buffered.zero?
 
       # Pipelined requests: answer in order, but give other connections a turn now and then.
       if (conn.requests % PIPELINE_BATCH).zero?
         @ready << conn
       else
-        @request.advance(conn)
+        @request.advance(conn, IDLE)
       end
     end
 
     def serve_ready
       batch = @ready
       @ready = []
-      batch.each { |conn| @request.advance(conn) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
+      batch.each { |conn| @request.advance(conn, IDLE) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
     end
 
     def watch(conn, mask)
-      if !conn.polled?
-        @poller.add(conn.fd, mask)
-      elsif conn.watched != mask
-        @poller.modify(conn.fd, mask)
-      else
-        return
-      end
+      watched = conn.watched
+      return if watched == mask
+
+      watched.zero? ? @poller.add(conn.fd, mask) : @poller.modify(conn.fd, mask)
       conn.watched = mask
+    end
+
+    def unwatch(conn)
+      return if conn.watched.zero?
+
+      @poller.delete(conn.fd)
+      conn.watched = 0
     end
 
     def untrack(conn) = untrack_fd(conn.fd)
@@ -541,6 +538,7 @@ module Blackbuck
       return if @stopping
 
       @stopping = true
+      Native::Conn.stopping! # every response from now on says "Connection: close"
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused

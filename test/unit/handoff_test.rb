@@ -9,8 +9,8 @@ require "timeout"
 
 # Native::Handoff and Conn.receive without a server: the watcher thread moves only an IDLE
 # connection with a request waiting and nothing buffered, and only while the app runs; the
-# receiver rebuilds it with its listener's template, address and request count; app_end without
-# app_begin (an exception between the two) neither blocks nor unlocks twice.
+# receiver rebuilds it with its listener's template, address and request count; request_done
+# without request_start (an exception between the two) neither blocks nor unlocks twice.
 class HandoffUnitTest < Minitest::Test
   Native = Blackbuck::Native
   AFTER = 0.002 # handoff_after, seconds
@@ -20,7 +20,8 @@ class HandoffUnitTest < Minitest::Test
     @server = UNIXServer.new("#{@dir}/s")
     @sender, @receiver = Socket.pair(:UNIX, :SEQPACKET)
     @poller = Native::Poller.new(64)
-    @handoff = Native::Handoff.new(@poller, @sender.fileno, AFTER)
+    @scoreboard = Native::Scoreboard.new(1)
+    @handoff = Native::Handoff.new(@poller, @sender.fileno, AFTER, @scoreboard)
     assert @handoff.start
     @clients = []
     @conns = []
@@ -59,9 +60,11 @@ class HandoffUnitTest < Minitest::Test
     client.write("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
     sleep AFTER * 10
     assert_nil Native::Conn.receive(@receiver.fileno, []), "nothing moves while no app runs"
-    @handoff.app_begin
+    @handoff.request_start(0, "GET", "/slow", 0.0)
+    assert_equal [2, "GET", "/slow"], @scoreboard.read(0).values_at(1, 6, 7), "the scoreboard's request_start too"
     sleep AFTER * 20 # the app runs long
-    moved = @handoff.app_end
+    moved = @handoff.request_done(0, 0)
+    assert_equal [0, 1], @scoreboard.read(0).values_at(1, 2), "the scoreboard's request_done too"
     assert_equal [conn.fd], moved
     assert conn.moved?
     assert_equal 1, @handoff.moved_out
@@ -86,13 +89,13 @@ class HandoffUnitTest < Minitest::Test
     pairs = Array.new(3) { idle_conn }
     pairs.each { |_, client| client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
     sleep 0.01
-    @handoff.app_begin
+    @handoff.request_start(0, "GET", "/", 0.0)
     sleep AFTER * 1.5 # one turn at most
-    first = @handoff.app_end || []
+    first = @handoff.request_done(0, 0) || []
     assert_operator first.size, :<=, 1, "moved at once: #{first.inspect}"
-    @handoff.app_begin
+    @handoff.request_start(0, "GET", "/", 0.0)
     sleep AFTER * 30
-    rest = @handoff.app_end || []
+    rest = @handoff.request_done(0, 0) || []
     assert_equal pairs.map { |c, _| c.fd }.sort, (first + rest).sort, "the others went one by one"
     3.times { Native::Conn.receive(@receiver.fileno, [[{}, false]])&.close }
   end
@@ -108,9 +111,9 @@ class HandoffUnitTest < Minitest::Test
     sleep 0.05
     assert_operator buffered.fill(0.0), :>, 0 # read into user space: a pipelined request
     buffered_client.write("X") # and still readable
-    @handoff.app_begin
+    @handoff.request_start(0, "GET", "/", 0.0)
     sleep AFTER * 20
-    assert_nil @handoff.app_end
+    assert_nil @handoff.request_done(0, 0)
     refute busy.moved?
     refute buffered.moved?
     refute gone.moved?
@@ -121,7 +124,7 @@ class HandoffUnitTest < Minitest::Test
   # socket calls) and keeps no copy of a client socket: one the worker closes is closed.
   def test_the_watcher_keeps_no_copy_of_a_client_socket
     conn, client = idle_conn # accepted before the second watcher starts: its table would copy it
-    other = Native::Handoff.new(@poller, @sender.fileno, AFTER)
+    other = Native::Handoff.new(@poller, @sender.fileno, AFTER, @scoreboard)
     other.start
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1
     sleep 0.01 until other.private_fd_table? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
@@ -135,13 +138,13 @@ class HandoffUnitTest < Minitest::Test
     other&.stop
   end
 
-  def test_app_end_without_app_begin_returns_at_once
+  def test_request_done_without_request_start_returns_at_once
     Timeout.timeout(5) do
-      assert_nil @handoff.app_end
-      @handoff.app_begin
-      @handoff.app_begin # twice: the lock is released once
-      assert_nil @handoff.app_end
-      assert_nil @handoff.app_end
+      assert_nil @handoff.request_done(0, 0)
+      @handoff.request_start(0, "GET", "/", 0.0)
+      @handoff.request_start(0, "GET", "/", 0.0) # twice: the lock is released once
+      assert_nil @handoff.request_done(0, 0)
+      assert_nil @handoff.request_done(0, 0)
     end
   end
 
@@ -149,9 +152,9 @@ class HandoffUnitTest < Minitest::Test
     conn, client = idle_conn(listener_index: 7)
     client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     sleep 0.01
-    @handoff.app_begin
+    @handoff.request_start(0, "GET", "/", 0.0)
     sleep AFTER * 20
-    assert_equal [conn.fd], @handoff.app_end
+    assert_equal [conn.fd], @handoff.request_done(0, 0)
     conn.close
     assert_equal false, Native::Conn.receive(@receiver.fileno, [[{}, false]])
     assert closed?(client), "the client sees the close: no one holds the socket"
