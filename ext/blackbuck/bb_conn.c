@@ -1192,11 +1192,12 @@ static void head_finish(struct conn *c, const struct head_state *st)
 {
     size_t len;
     const char *p;
-    if (!st->raw && !keepalive_allowed(c)) c->keepalive = 0;
     if (st->raw) {
         /* nothing: the app's Connection header stands */
-    } else if (!c->keepalive) hcat("Connection: close\r\n", 19);
-    else if (c->minor == 0) hcat("Connection: keep-alive\r\n", 24);
+    } else if (!keepalive_allowed(c)) {
+        c->keepalive = 0;
+        hcat("Connection: close\r\n", 19);
+    } else if (c->minor == 0) hcat("Connection: keep-alive\r\n", 24);
     if (!st->have_date) {
         p = bb_date_header(&len);
         hcat(p, len);

@@ -44,7 +44,7 @@ module Blackbuck
       when Integer then reject(conn, env)
       when false then proxy_header(conn)
       else
-        if conn.state == Worker::IDLE && conn.buffered.positive?
+        if state == Worker::IDLE && conn.buffered.positive?
           conn.state = Worker::HEAD # the clock for a whole head starts with its first byte
           conn.deadline = @worker.now + @header_timeout
         end

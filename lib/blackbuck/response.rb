@@ -86,11 +86,12 @@ module Blackbuck
           mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED)
         end
       end
+      if mode == Native::Conn::WRITE_FAILED
+        @worker.drop(conn)
+        return :closed
+      end
       # :done: all of it is out; :written: some may wait in the output queue for the client
-      return streaming || mode != Native::Conn::WRITE_DONE ? :written : :done unless mode == Native::Conn::WRITE_FAILED
-
-      @worker.drop(conn)
-      :closed
+      streaming || mode != Native::Conn::WRITE_DONE ? :written : :done
     rescue CLOSED
       @worker.drop(conn)
       :closed

@@ -478,7 +478,7 @@ module Blackbuck
 
     # The response is out: keep the connection for the next request, or close it (Conn#next_request
     # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) not at all.
-    def finish_response(conn, rewatch = @pool)
+    def finish_response(conn, rewatch = @multithread)
       return close(conn) unless (buffered = conn.next_request(@keepalive_timeout))
 
       watch(conn, IN) if rewatch
