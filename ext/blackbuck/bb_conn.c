@@ -122,12 +122,18 @@ struct conn {
     double request_start; /* wall-clock seconds of the request's X-Request-Start; 0 = none or implausible */
     double moved_ready;   /* monotonic seconds its waiting request was seen by the worker that moved it here; 0 = none */
     int moved;            /* sent to another worker (bb_conn_pass): the worker only closes its fd now */
+    /* The request parse returned last, still whole in buf[replay_off, replay_off + replay_len) with no
+     * body and nothing after it: until its response starts it may move with its bytes
+     * (Conn#pass_request). 0 = it may not. */
+    size_t replay_off, replay_len;
     char peer[BB_PASS_ADDR_MAX + 1]; /* remote_addr as C text, for bb_conn_pass (which may not touch Ruby) */
     VALUE remote_addr, template, env, sink;
 };
 
 static VALUE cConn;
 static int queued(const struct conn *c);
+static VALUE conn_close(VALUE self);
+static size_t buf_limit(void);
 
 /* The response head under construction. A worker builds one response at a time and copies
  * whatever the client does not take at once into that connection's own out buffer, so one
@@ -336,6 +342,18 @@ static int request_waiting(int fd)
     return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
+/* What travels with c's socket: where it came from, how many requests it has had, since when its
+ * request waits. */
+static void pass_record(const struct conn *c, struct bb_pass *p, double ready_at)
+{
+    memset(p, 0, sizeof(*p));
+    p->listener = (uint32_t)c->listener;
+    p->flags = c->tcp ? BB_PASS_TCP : 0;
+    p->requests = c->requests;
+    p->ready_at = ready_at;
+    memcpy(p->addr, c->peer, sizeof(p->addr));
+}
+
 int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
 {
     struct conn *c;
@@ -345,17 +363,12 @@ int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
     c = fd >= 0 && fd < by_fd_cap ? by_fd[fd] : NULL;
     if (c && c->fd == fd && !c->moved && __atomic_load_n(&c->state, __ATOMIC_RELAXED) == BB_CONN_IDLE &&
         c->off == c->len && !queued(c) && !c->proxy && (c->watched || owner)) {
-        memset(&p, 0, sizeof(p));
-        p.listener = (uint32_t)c->listener;
-        p.flags = c->tcp ? BB_PASS_TCP : 0;
-        p.requests = c->requests;
-        p.ready_at = now;
-        memcpy(p.addr, c->peer, sizeof(p.addr));
+        pass_record(c, &p, now);
 #ifdef SYS_pidfd_getfd
         if (pidfd >= 0) send_fd = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
 #endif
         if (send_fd >= 0 && request_waiting(send_fd)) {
-            r = bb_pass_send(sock, send_fd, &p);
+            r = bb_pass_send(sock, send_fd, &p, NULL, 0);
             if (r == 0) {
                 c->moved = 1;
                 r = 1;
@@ -374,10 +387,12 @@ int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
  */
 static VALUE conn_s_receive(VALUE klass, VALUE sock, VALUE listeners)
 {
+    static char carried[BB_PASS_BYTES_MAX]; /* the loop thread's alone */
+    size_t carried_len = 0;
     struct bb_pass p;
     VALUE entry, addr, obj;
     struct conn *c;
-    int fd = bb_pass_recv(NUM2INT(sock), &p);
+    int fd = bb_pass_recv(NUM2INT(sock), &p, carried, sizeof(carried), &carried_len);
     if (fd < 0) {
         if (errno == EAGAIN) return Qnil;
         if (errno == EBADMSG) return Qfalse;
@@ -395,6 +410,21 @@ static VALUE conn_s_receive(VALUE klass, VALUE sock, VALUE listeners)
     conn_setup(c, fd, addr, RARRAY_AREF(entry, 0), RTEST(RARRAY_AREF(entry, 1)), 0, (int)p.listener);
     c->requests = (long)p.requests;
     c->moved_ready = p.ready_at;
+    if (carried_len > 0) { /* a request the sender had read: parse it first (Conn#buffered says so) */
+        if (carried_len > c->cap) {
+            char *nb = carried_len <= buf_limit() ? realloc(c->buf, carried_len) : NULL;
+            if (!nb) { /* cannot hold it: the client sees a close and may retry */
+                conn_close(obj);
+                return Qfalse;
+            }
+            c->buf = nb;
+            c->cap = carried_len;
+        }
+        memcpy(c->buf, carried, carried_len);
+        c->len = carried_len;
+        c->woke_at = p.ready_at;
+        c->moved_ready = 0;
+    }
     return obj;
 }
 
@@ -411,6 +441,7 @@ static VALUE conn_fill(VALUE self, VALUE woke_at)
     ssize_t n;
     size_t room;
     if (c->fd < 0) return INT2FIX(0);
+    c->replay_len = 0; /* the buffer may move */
     if (c->off == c->len) c->off = c->len = 0;
     if (c->cap - c->len < 1024 && c->off > 0) {
         memmove(c->buf, c->buf + c->off, c->len - c->off);
@@ -717,6 +748,8 @@ static VALUE conn_parse(VALUE self)
         c->body_mode = BODY_NONE;
         c->body_done = 1;
     }
+    c->replay_off = c->off;
+    c->replay_len = c->body_mode == BODY_NONE && c->off + (size_t)r == c->len ? (size_t)r : 0;
     c->off += (size_t)r;
     if (c->off == c->len) c->off = c->len = 0;
     return env;
@@ -1192,6 +1225,7 @@ static void head_finish(struct conn *c, const struct head_state *st)
 {
     size_t len;
     const char *p;
+    c->replay_len = 0; /* its response has started: the request stays here */
     if (st->raw) {
         /* nothing: the app's Connection header stands */
     } else if (!keepalive_allowed(c)) {
@@ -1395,6 +1429,7 @@ static VALUE conn_write_hints(VALUE self, VALUE headers)
     struct conn *c = get_conn(self);
     struct iovec iov;
     Check_Type(headers, T_HASH);
+    c->replay_len = 0;
     head.len = 0;
     hcat("HTTP/1.1 103 Early Hints\r\n", 26);
     rb_hash_foreach(headers, hint_i, Qnil);
@@ -1462,6 +1497,7 @@ static VALUE conn_write_error(VALUE self, VALUE vstatus)
     int status = NUM2INT(vstatus);
     size_t sl, dl, rl;
     const char *s = bb_status_line(status, &sl), *d = bb_date_header(&dl);
+    c->replay_len = 0;
     char hdr[160];
     struct iovec iov[4];
     int n;
@@ -1568,6 +1604,29 @@ static VALUE conn_pass(VALUE self, VALUE sock)
     return bb_conn_pass(c->fd, -1, NUM2INT(sock), (double)ts.tv_sec + ts.tv_nsec / 1e9, 1) == 1 ? Qtrue : Qfalse;
 }
 
+/* pass_request(sock_fd) -> true when the connection went to another worker over sock_fd with the
+ * request parse returned last, not yet started (its bytes travel in the message and the receiver
+ * parses them again; close it here and forget it). False when that request cannot move: it has a
+ * body, more bytes came behind it, a response has started, or it is larger than a message carries.
+ * Nil when the queue is full. The loop thread takes back this way a request it had queued for its
+ * app threads while they are all busy, when another worker has a free one. */
+static VALUE conn_pass_request(VALUE self, VALUE sock)
+{
+    struct conn *c = get_conn(self);
+    struct bb_pass p;
+    int r;
+    if (c->fd < 0 || c->moved || c->replay_len == 0 || c->replay_len > BB_PASS_BYTES_MAX || c->len != 0 ||
+        queued(c) || c->file_fd >= 0 || c->proxy)
+        return Qfalse;
+    pass_record(c, &p, c->woke_at > 0 ? c->woke_at : mono_now());
+    pthread_mutex_lock(&table_lock); /* the watcher thread reads moved under it */
+    r = bb_pass_send(NUM2INT(sock), c->fd, &p, c->buf + c->replay_off, c->replay_len);
+    if (r == 0) c->moved = 1;
+    pthread_mutex_unlock(&table_lock);
+    if (r == 0) return Qtrue;
+    return errno == EAGAIN ? Qnil : Qfalse;
+}
+
 /* close: at once (the client is gone, or a staged close is over). */
 static VALUE conn_close(VALUE self)
 {
@@ -1591,6 +1650,7 @@ static VALUE conn_detach(VALUE self)
 {
     struct conn *c = get_conn(self);
     int fd = c->fd;
+    c->replay_len = 0;
     if (fd >= 0 && queued(c) && out_drain(c, bb_settings.write_timeout_ms) != WRITE_DONE) shutdown(fd, SHUT_RDWR);
     out_discard(c);
     table_drop(c);
@@ -1730,6 +1790,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "write_hints", conn_write_hints, 1);
     rb_define_method(cConn, "close", conn_close, 0);
     rb_define_method(cConn, "pass", conn_pass, 1);
+    rb_define_method(cConn, "pass_request", conn_pass_request, 1);
     rb_define_method(cConn, "shutdown_write", conn_shutdown_write, 0);
     rb_define_method(cConn, "discard_input", conn_discard_input, 0);
     rb_define_method(cConn, "detach", conn_detach, 0);

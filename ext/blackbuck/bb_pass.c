@@ -1,6 +1,6 @@
 /*
- * bb_pass.c - see bb_pass.h. One message per connection: a versioned fixed-size record and one
- * SCM_RIGHTS fd. Both ends run the same build (a generation's workers fork from one master), so
+ * bb_pass.c - see bb_pass.h. One message per connection: a versioned fixed-size record, then the
+ * request bytes it carries (if any), and one SCM_RIGHTS fd. Both ends run the same build (a generation's workers fork from one master), so
  * the record is sent as laid out in memory; the magic only catches a stray writer.
  */
 #define _GNU_SOURCE /* MSG_CMSG_CLOEXEC */
@@ -21,10 +21,10 @@ struct wire {
     struct bb_pass pass;
 };
 
-int bb_pass_send(int sock, int fd, const struct bb_pass *p)
+int bb_pass_send(int sock, int fd, const struct bb_pass *p, const char *bytes, size_t len)
 {
     struct wire w;
-    struct iovec iov;
+    struct iovec iov[2];
     struct msghdr msg;
     union {
         char buf[CMSG_SPACE(sizeof(int))];
@@ -33,16 +33,19 @@ int bb_pass_send(int sock, int fd, const struct bb_pass *p)
     struct cmsghdr *cm;
     ssize_t n;
 
+    if (len > BB_PASS_BYTES_MAX) return errno = EMSGSIZE, -1;
     memset(&w, 0, sizeof(w)); /* no stack bytes in the padding */
     w.magic = BB_PASS_MAGIC;
     w.pass = *p;
     w.pass.addr[BB_PASS_ADDR_MAX] = '\0';
-    iov.iov_base = &w;
-    iov.iov_len = sizeof(w);
+    iov[0].iov_base = &w;
+    iov[0].iov_len = sizeof(w);
+    iov[1].iov_base = (void *)bytes;
+    iov[1].iov_len = len;
     memset(&msg, 0, sizeof(msg));
     memset(&ctl, 0, sizeof(ctl));
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = len ? 2 : 1;
     msg.msg_control = ctl.buf;
     msg.msg_controllen = sizeof(ctl.buf);
     cm = CMSG_FIRSTHDR(&msg);
@@ -57,14 +60,14 @@ int bb_pass_send(int sock, int fd, const struct bb_pass *p)
         if (errno == EWOULDBLOCK) errno = EAGAIN;
         return -1;
     }
-    if ((size_t)n != sizeof(w)) return errno = EMSGSIZE, -1; /* SEQPACKET sends whole records */
+    if ((size_t)n != sizeof(w) + len) return errno = EMSGSIZE, -1; /* SEQPACKET sends whole records */
     return 0;
 }
 
-int bb_pass_recv(int sock, struct bb_pass *p)
+int bb_pass_recv(int sock, struct bb_pass *p, char *bytes, size_t cap, size_t *len)
 {
     struct wire w;
-    struct iovec iov;
+    struct iovec iov[2];
     struct msghdr msg;
     union {
         char buf[CMSG_SPACE(sizeof(int) * BB_PASS_FDS_MAX)];
@@ -74,11 +77,13 @@ int bb_pass_recv(int sock, struct bb_pass *p)
     int fds[BB_PASS_FDS_MAX], nfds = 0, i;
     ssize_t n;
 
-    iov.iov_base = &w;
-    iov.iov_len = sizeof(w);
+    iov[0].iov_base = &w;
+    iov[0].iov_len = sizeof(w);
+    iov[1].iov_base = bytes;
+    iov[1].iov_len = cap;
     memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = cap ? 2 : 1;
     msg.msg_control = ctl.buf;
     msg.msg_controllen = sizeof(ctl.buf);
     do {
@@ -94,11 +99,12 @@ int bb_pass_recv(int sock, struct bb_pass *p)
         count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (k = 0; k < count && nfds < BB_PASS_FDS_MAX; k++) memcpy(&fds[nfds++], CMSG_DATA(cm) + k * sizeof(int), sizeof(int));
     }
-    if ((size_t)n != sizeof(w) || w.magic != BB_PASS_MAGIC || nfds != 1 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    if ((size_t)n < sizeof(w) || w.magic != BB_PASS_MAGIC || nfds != 1 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
         for (i = 0; i < nfds; i++) close(fds[i]);
         return errno = EBADMSG, -1;
     }
     *p = w.pass;
+    *len = (size_t)n - sizeof(w);
     p->addr[BB_PASS_ADDR_MAX] = '\0';
     return fds[0];
 }

@@ -42,6 +42,7 @@ struct sb_slot {
     uint64_t shed;        /* requests answered 503 by max_queue_time instead of the app */
     uint64_t moved_out;   /* connections the hand-off watcher moved to another worker (Native::Handoff) */
     uint64_t moved_in;    /* connections taken off the hand-off socket */
+    int32_t free_threads; /* app threads with no request (--threads): siblings move waiting requests here */
     struct sb_hist queue;    /* seconds from ready to the app's start (Conn#queue_time) */
     struct sb_hist duration; /* seconds in the app and writing its answer */
     char method[SB_METHOD_MAX];
@@ -246,6 +247,29 @@ static VALUE sb_moves(VALUE self, VALUE idx, VALUE out, VALUE in)
     return Qnil;
 }
 
+/* free_threads(i, n): worker i has n app threads with nothing to run (--threads). */
+static VALUE sb_free_threads(VALUE self, VALUE idx, VALUE n)
+{
+    __atomic_store_n(&slot(self, idx)->free_threads, NUM2INT(n), __ATOMIC_RELAXED);
+    return Qnil;
+}
+
+/* free_elsewhere?(i) -> whether a worker other than i, not stopping, has an app thread with nothing
+ * to run: a request waiting in worker i's queue would start sooner there. */
+static VALUE sb_free_elsewhere(VALUE self, VALUE idx)
+{
+    struct scoreboard *sb;
+    long i, me = NUM2LONG(idx);
+    TypedData_Get_Struct(self, struct scoreboard, &sb_type, sb);
+    for (i = 0; i < sb->n; i++) {
+        const struct sb_slot *s = &sb->slots[i];
+        if (i != me && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0 && s->state != 4 /* STOPPING */ &&
+            __atomic_load_n(&s->free_threads, __ATOMIC_RELAXED) > 0)
+            return Qtrue;
+    }
+    return Qfalse;
+}
+
 /* tick(i, state, connections): the worker's loop is alive; also publishes its spill bytes. */
 static VALUE sb_tick(VALUE self, VALUE idx, VALUE state, VALUE conns)
 {
@@ -299,6 +323,8 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "request_observed", sb_request_observed, 3);
     rb_define_method(c, "tick", sb_tick, 3);
     rb_define_method(c, "moves", sb_moves, 3);
+    rb_define_method(c, "free_threads", sb_free_threads, 2);
+    rb_define_method(c, "free_elsewhere?", sb_free_elsewhere, 1);
     rb_define_method(c, "read", sb_read, 1);
     {
         VALUE bounds = rb_ary_new_capa(SB_BOUNDS);

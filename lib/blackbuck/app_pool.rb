@@ -6,22 +6,33 @@ require_relative "response"
 module Blackbuck
   # --threads N (N > 1): the app threads of a worker. The worker's loop thread owns every
   # connection; it hands a complete request over (#push) and takes it back when the app is done
-  # (#each_done), woken by a byte on a pipe in its poller. Between the two, only the app thread
-  # touches that connection: the loop has taken it out of its poller and its timeouts. Whatever the
-  # response asks of the worker (close the connection, forget a hijacked one, retire) is written
-  # down on the job and done by the loop thread (Sink), never by the app thread.
+  # (#each_done), woken by a byte on a pipe in its poller. A request pushed while every thread is
+  # busy waits in the pool's queue, so the thread that frees first starts it without a round trip
+  # through the loop; until a thread starts it, the loop may take it back (#take_back) to move it
+  # to another worker. Between push and done, only the app thread touches that connection: the
+  # loop has taken it out of its poller and its timeouts. Whatever the response asks of the worker
+  # (close the connection, forget a hijacked one, retire) is written down on the job and done by
+  # the loop thread (Sink), never by the app thread.
   class AppPool
+    TYPICAL_WEIGHT = 0.05 # of the latest request's run time in the moving average (#typical)
+
     # One request on its way through an app thread. fd: the connection's number when handed over
     # (a hijack detaches it). after: :close or :drop when the response ended the connection, :hand_over
     # when the app hijacked it. retire: why the worker should stop after it (a request timeout).
-    Job = Struct.new(:conn, :fd, :env, :queued, :input, :started, :finished, :mode, :after, :retire)
+    # pushed_at: when it entered the queue (monotonic seconds).
+    Job = Struct.new(:conn, :fd, :env, :queued, :input, :pushed_at, :started, :finished, :mode, :after, :retire)
 
     def initialize(worker, config, app, size)
       @worker = worker
-      @queue = Thread::Queue.new
+      @waiting = [] # jobs no thread has started, oldest first; under @lock
+      @lock = Thread::Mutex.new
+      @ready = Thread::ConditionVariable.new
+      @closed = false
       @done = Thread::Queue.new
       @wake_r, @wake_w = IO.pipe
+      @wake_sent = false # a byte is on the pipe that the loop has not read yet: no need for another
       @running = Array.new(size) # the job each thread runs, or nil
+      @typical = 0.0 # seconds a request runs, a moving average (#room?)
       @threads = Array.new(size) do |i|
         sink = Sink.new(worker)
         response = Response.new(sink, config, app)
@@ -31,11 +42,40 @@ module Blackbuck
 
     def wake_fd = @wake_r.fileno
 
-    def push(job) = @queue.push(job)
+    # Seconds a request typically runs here (a moving average; 0 before the first).
+    attr_reader :typical
+
+    def push(job)
+      @lock.synchronize do
+        @waiting << job
+        @ready.signal
+      end
+    end
+
+    # Whether one more request may wait here for a thread (the worker keeps QUEUE_MAX at most): only
+    # while fewer wait than there are threads running a request younger than a typical one. A thread
+    # held by a long request (older than that) is not counted, so a fast request does not queue
+    # behind slow ones: it goes to the hand-off socket, for whichever worker frees a thread first.
+    def room?(now)
+      soon = 0
+      limit = now - @typical
+      @running.each { |job| soon += 1 if job.nil? || job.started > limit }
+      @waiting.size < soon
+    end
+
+    # When the oldest request no thread has started was pushed (monotonic seconds), or nil.
+    def oldest_waiting = @waiting.first&.pushed_at
+
+    # Offers each request no thread has started, oldest first, back to the loop: those for which the
+    # block returns true leave the queue (the loop moved them), the others keep their turn.
+    def take_back(&moved)
+      @lock.synchronize { @waiting.reject!(&moved) }
+    end
 
     # Yields every job the app threads have finished since the last call.
     def each_done
       @wake_r.read_nonblock(4096, exception: false)
+      @wake_sent = false # after the pipe is read, before the queue is: a job done from here on sends a new byte
       until @done.empty?
         job = @done.pop(true)
         yield job
@@ -62,7 +102,10 @@ module Blackbuck
     # The worker is exiting: the threads finish the job they run (the loop has waited for them
     # unless the stop was forced) and end.
     def stop(wait = 1)
-      @queue.close
+      @lock.synchronize do
+        @closed = true
+        @ready.broadcast
+      end
       deadline = now + wait
       @threads.each { |th| th.join([deadline - now, 0].max) }
     end
@@ -83,7 +126,7 @@ module Blackbuck
     # comes a moment too late, after the request ended, is dropped rather than hitting the next.
     def work(index, sink, response)
       Thread.handle_interrupt(RequestTimeout => :never) do
-        while (job = @queue.pop)
+        while (job = pop)
           sink.job = job
           job.started = now
           @running[index] = job
@@ -101,9 +144,32 @@ module Blackbuck
           @running[index] = nil
           drop_late_timeout
           job.finished = now
+          note_run_time(job.finished - job.started)
           @done.push(job)
-          @wake_w.write_nonblock(".", exception: false)
+          wake_loop
         end
+      end
+    end
+
+    # A rare long request (past twice the average) moves the average as much as one twice the
+    # average would: the average stays what most requests take.
+    def note_run_time(seconds)
+      @typical = @typical.zero? ? seconds : @typical + ([seconds, @typical * 2].min - @typical) * TYPICAL_WEIGHT
+    end
+
+    # One byte wakes the loop for every job done until it looks (#each_done).
+    def wake_loop
+      return if @wake_sent
+
+      @wake_sent = true
+      @wake_w.write_nonblock(".", exception: false)
+    end
+
+    # The next request to run, oldest first; nil once the pool is stopped and nothing waits.
+    def pop
+      @lock.synchronize do
+        @ready.wait(@lock) while @waiting.empty? && !@closed
+        @waiting.shift
       end
     end
 

@@ -26,6 +26,8 @@ module Blackbuck
 
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn
+    QUEUE_MAX = 2        # --threads: requests a worker whose app threads are all busy queues for the
+                         # next free one (more go to the hand-off socket, for any worker)
     TICK_SECONDS = 0.5   # timeouts, scoreboard heartbeat and process title at most this often
     STOP_IDLE_DRAIN = 1  # seconds a stopping worker still answers idle keep-alive connections
                          # (with "Connection: close"), so a request racing the stop is served
@@ -60,7 +62,8 @@ module Blackbuck
       @moved_in = 0
       @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
       @threads = config[:threads]
-      @busy = 0 # requests handed to app threads and not yet back
+      @busy = 0 # requests handed to app threads (running or queued) and not yet back
+      @handoff_after = config[:handoff_after]
       @multithread = @threads > 1
       @conns = {}
       @ready = []
@@ -105,6 +108,7 @@ module Blackbuck
       start_app_threads
       start_handoff
       @scoreboard.reset(@index, Process.pid)
+      @scoreboard.free_threads(@index, @threads) if @pool
       # The last response on a connection says so ("Connection: close"): keepalive off is 1.
       Native::Conn.keepalive_policy(@keepalive ? @max_keepalive_requests : 1)
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
@@ -141,8 +145,11 @@ module Blackbuck
     end
 
     # True while every app thread has a request: the worker takes no new connection then, and a
-    # request that arrives on one of its idle connections moves to another worker (#move_out).
+    # request that arrives on one of its idle connections waits for the next free thread, QUEUE_MAX
+    # of them at most (#full?); more move to the hand-off socket for any worker (#move_out).
     def saturated? = @busy >= @threads
+
+    def full? = @busy >= @threads + QUEUE_MAX || (saturated? && !@pool.room?(@woke_at))
 
     def moved_out = @handoff ? @handoff.moved_out : @moved_out
 
@@ -242,8 +249,11 @@ module Blackbuck
       unwatch(conn)
       input = env["rack.input"]
       @busy += 1
-      @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil))
-      return unless saturated?
+      @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil, @woke_at))
+      if @busy <= @threads
+        @scoreboard.free_threads(@index, @threads - @busy)
+        return unless saturated?
+      end
 
       # Full: no more from the hand-off socket. With hand-off, new connections are still accepted
       # (a request on one moves on at once, in arrival order with the rest); without, they wait
@@ -270,12 +280,34 @@ module Blackbuck
         end
       end
       publish_running
+      @scoreboard.free_threads(@index, @busy < @threads ? @threads - @busy : 0)
       unless saturated?
         resume_accepting if @paused
         handoff_intake(true) unless @paused
       end
       # Requests moved to the hand-off socket have waited longest: a freed thread takes them first.
-      nil while @handoff_fd && !@stopping && !saturated? && @conns.size < @max_connections && adopt
+      nil while @handoff_fd && !@stopping && !full? && @conns.size < @max_connections && adopt
+    end
+
+    # Requests queued here for a thread (#full?) move on, their bytes with them, once the oldest has
+    # waited handoff_after and another worker has a free thread, so none waits behind a slow request
+    # while a worker is free; or once it has waited twice as long as a request typically runs (the
+    # threads it waits for are held by slow ones): then to the hand-off socket, where every worker's
+    # next free thread takes the oldest first.
+    def move_waiting
+      oldest = @pool.oldest_waiting
+      return if oldest.nil? || (waited = @woke_at - oldest) < @handoff_after
+      return unless waited >= @handoff_after + @pool.typical * 2 || @scoreboard.free_elsewhere?(@index)
+
+      @pool.take_back do |job|
+        next false unless job.conn.pass_request(@pass_fd)
+
+        @busy -= 1
+        @moved_out += 1
+        job.input&.close!
+        drop(job.conn)
+        true
+      end
     end
 
     # The slot shows the request that has run longest (the master's timeout watches it).
@@ -323,7 +355,7 @@ module Blackbuck
       return conn if conn.nil? || conn == false
 
       @moved_in += 1
-      take(conn, @header_timeout)
+      take(conn, @header_timeout, true)
       conn
     end
 
@@ -370,12 +402,19 @@ module Blackbuck
           end
         end
         serve_ready unless @ready.empty?
+        move_waiting if @busy > @threads && @pass_fd
         tick if @stop_signals > @stop_signals_seen || @reopen_logs || @woke_at >= @next_tick
       end
     end
 
     def wait_ms
-      ms = ((@next_tick - now) * 1000).ceil
+      t = @next_tick
+      # requests queued for a thread: check again when the oldest may move (#move_waiting)
+      # (then every handoff_after while it still waits)
+      if @busy > @threads && @pass_fd && (oldest = @pool.oldest_waiting)
+        t = [t, [oldest, @woke_at].max + @handoff_after].min
+      end
+      ms = ((t - now) * 1000).ceil
       ms.clamp(1, 1000)
     end
 
@@ -400,14 +439,19 @@ module Blackbuck
 
     # A connection new to this worker (accepted, or moved here): tracked, given `seconds` for its
     # request head, and read at once (on a busy server the request is usually there already, and a
-    # moved one's always is); watched if it is still waiting for more.
-    def take(conn, seconds)
+    # moved one's always is, in the socket or read already and carried with it); watched if it is
+    # still waiting for more.
+    def take(conn, seconds, moved = false)
       fd = conn.fd
       @conns[fd] = conn
       conn.deadline = now + seconds
-      return if @pass_fd && saturated? && move_out(conn)
+      return if @pass_fd && full? && move_out(conn)
 
-      on_readable(conn, IDLE)
+      if moved && conn.buffered.positive?
+        @request.advance(conn, IDLE)
+      else
+        on_readable(conn, IDLE, moved)
+      end
       watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd) && (!@pool || conn.state != BUSY)
     end
 
@@ -448,8 +492,13 @@ module Blackbuck
       end
     end
 
-    def on_readable(conn, state)
-      return if @pass_fd && state == IDLE && saturated? && move_out(conn)
+    # moved: the connection was just taken off the hand-off socket.
+    def on_readable(conn, state, moved = false)
+      if @pass_fd && state == IDLE && saturated?
+        # Requests on the hand-off socket waited longer: one of them takes the queue's room first.
+        adopt if !moved && !full? && !@stopping && @conns.size < @max_connections
+        return if full? && move_out(conn)
+      end
 
       r = conn.fill(@woke_at)
       return if r.nil?
@@ -539,6 +588,7 @@ module Blackbuck
 
       @stopping = true
       Native::Conn.stopping! # every response from now on says "Connection: close"
+      @scoreboard.free_threads(@index, 0) if @pool # no request moves here any more
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused

@@ -1,7 +1,7 @@
 /*
  * test_pass.c - bb_pass_send / bb_pass_recv (ext/blackbuck/bb_pass.c) under ASan/UBSan:
  * a connection's socket and record cross a SEQPACKET pair intact, its unread request bytes
- * travel with it, a full queue says EAGAIN, malformed messages are refused with every fd they
+ * travel with it, bytes already read travel in the message, a full queue says EAGAIN, malformed messages are refused with every fd they
  * carried closed, and no descriptor leaks (counted in /proc/self/fd before and after).
  */
 #define _GNU_SOURCE
@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 static int failures, checks;
+static char carried[256]; /* request bytes a message carries */
+static size_t carried_len;
 
 #define CHECK(cond, ...)                                                                                              \
     do {                                                                                                              \
@@ -64,12 +66,13 @@ static void test_round_trip(int chan[2])
     strcpy(p.addr, "2001:db8::ffff:192.0.2.128");
     /* the client's next request is waiting, unread, when the socket moves */
     CHECK(write(conn[1], "GET /next HTTP/1.1\r\n\r\n", 22) == 22, "client write");
-    CHECK(bb_pass_send(chan[0], conn[0], &p) == 0, "send: %s", strerror(errno));
+    CHECK(bb_pass_send(chan[0], conn[0], &p, NULL, 0) == 0, "send: %s", strerror(errno));
     close(conn[0]); /* the sender lets go; the socket lives on in the message */
     memset(&q, 0xAA, sizeof(q));
-    got = bb_pass_recv(chan[1], &q);
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
     CHECK(got >= 0, "recv: %s", strerror(errno));
     if (got < 0) return;
+    CHECK(carried_len == 0, "no bytes carried (%zu)", carried_len);
     CHECK(q.listener == 3 && q.flags == BB_PASS_TCP && q.requests == 41 && q.ready_at == 12345.5,
           "record fields differ");
     CHECK(strcmp(q.addr, p.addr) == 0, "addr %s", q.addr);
@@ -86,11 +89,50 @@ static void test_round_trip(int chan[2])
     close(conn[1]);
 }
 
+/* A request the sender already read (queued for its busy app threads) travels in the message; what
+ * the client sends after it stays in the socket, behind it. */
+static void test_carried_bytes(int chan[2])
+{
+    static const char first[] = "GET /queued HTTP/1.1\r\nHost: x\r\n\r\n";
+    int conn[2], got;
+    char buf[64];
+    ssize_t n;
+    struct bb_pass p, q;
+
+    pair(SOCK_STREAM, conn);
+    memset(&p, 0, sizeof(p));
+    p.requests = 7;
+    CHECK(write(conn[1], "GET /after HTTP/1.1\r\n\r\n", 23) == 23, "client write");
+    CHECK(bb_pass_send(chan[0], conn[0], &p, first, sizeof(first) - 1) == 0, "send with bytes: %s", strerror(errno));
+    close(conn[0]);
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
+    CHECK(got >= 0, "recv with bytes: %s", strerror(errno));
+    if (got < 0) return;
+    CHECK(q.requests == 7, "the record comes before the bytes");
+    CHECK(carried_len == sizeof(first) - 1 && memcmp(carried, first, carried_len) == 0, "the bytes arrive whole (%zu)",
+          carried_len);
+    n = read(got, buf, sizeof(buf));
+    CHECK(n == 23 && memcmp(buf, "GET /after", 10) == 0, "the socket's own bytes follow (%zd)", n);
+    close(got);
+    close(conn[1]);
+
+    /* more than the receiver has room for: refused, its fd closed */
+    pair(SOCK_STREAM, conn);
+    CHECK(bb_pass_send(chan[0], conn[0], &p, first, sizeof(first) - 1) == 0, "send");
+    got = bb_pass_recv(chan[1], &q, carried, 8, &carried_len);
+    CHECK(got == -1 && errno == EBADMSG, "bytes over the receiver's room: EBADMSG");
+    if (got >= 0) close(got);
+    CHECK(bb_pass_send(chan[0], conn[0], &p, first, BB_PASS_BYTES_MAX + 1) == -1 && errno == EMSGSIZE,
+          "over BB_PASS_BYTES_MAX: EMSGSIZE, nothing sent");
+    close(conn[0]);
+    close(conn[1]);
+}
+
 static void test_empty_queue(int chan[2])
 {
     struct bb_pass q;
     errno = 0;
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EAGAIN, "empty queue: EAGAIN (%s)", strerror(errno));
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EAGAIN, "empty queue: EAGAIN (%s)", strerror(errno));
 }
 
 static void test_long_addr_cut(int chan[2])
@@ -100,8 +142,8 @@ static void test_long_addr_cut(int chan[2])
     pair(SOCK_STREAM, conn);
     memset(&p, 0, sizeof(p));
     memset(p.addr, 'x', sizeof(p.addr)); /* no NUL: the sender terminates it */
-    CHECK(bb_pass_send(chan[0], conn[0], &p) == 0, "send");
-    got = bb_pass_recv(chan[1], &q);
+    CHECK(bb_pass_send(chan[0], conn[0], &p, NULL, 0) == 0, "send");
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
     CHECK(got >= 0 && strlen(q.addr) == BB_PASS_ADDR_MAX, "addr cut to BB_PASS_ADDR_MAX");
     if (got >= 0) close(got);
     close(conn[0]);
@@ -120,12 +162,12 @@ static void test_full_queue(void)
     memset(&p, 0, sizeof(p));
     for (i = 0; i < 100000; i++) {
         p.requests = i;
-        if (bb_pass_send(chan[0], conn[0], &p) != 0) break;
+        if (bb_pass_send(chan[0], conn[0], &p, NULL, 0) != 0) break;
         sent++;
     }
     CHECK(i < 100000 && errno == EAGAIN, "a full queue says EAGAIN (after %d, %s)", sent, strerror(errno));
     CHECK(sent > 0, "some were sent before it filled");
-    while ((fd = bb_pass_recv(chan[1], &q)) >= 0) {
+    while ((fd = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len)) >= 0) {
         CHECK(q.requests == got, "in order: %ld vs %d", (long)q.requests, got);
         got++;
         close(fd);
@@ -178,23 +220,23 @@ static void test_malformed(int chan[2])
     memcpy(junk, &magic, sizeof(magic));
 
     send_raw(chan[0], "x", 1, NULL, 0); /* short, no fd */
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "short message: EBADMSG");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EBADMSG, "short message: EBADMSG");
 
     fds[0] = dup(conn[0]);
     send_raw(chan[0], "short", 5, fds, 1); /* short, with an fd */
     close(fds[0]);
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "short message with an fd: EBADMSG");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EBADMSG, "short message with an fd: EBADMSG");
     CHECK(open_fds() == before, "its fd was closed (%d vs %d)", open_fds(), before);
 
     /* a record of the right size and magic but no fd */
     send_raw(chan[0], junk, sizeof(uint32_t) + sizeof(struct bb_pass), NULL, 0);
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "no fd: EBADMSG");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EBADMSG, "no fd: EBADMSG");
 
     /* ... with three fds */
     fds[0] = dup(conn[0]), fds[1] = dup(conn[0]), fds[2] = dup(conn[1]);
     send_raw(chan[0], junk, sizeof(uint32_t) + sizeof(struct bb_pass), fds, 3);
     close(fds[0]), close(fds[1]), close(fds[2]);
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "three fds: EBADMSG");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EBADMSG, "three fds: EBADMSG");
     CHECK(open_fds() == before, "all three closed (%d vs %d)", open_fds(), before);
 
     /* wrong magic, right size, one fd */
@@ -202,14 +244,14 @@ static void test_malformed(int chan[2])
     fds[0] = dup(conn[0]);
     send_raw(chan[0], junk, sizeof(uint32_t) + sizeof(struct bb_pass), fds, 1);
     close(fds[0]);
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "wrong magic: EBADMSG");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EBADMSG, "wrong magic: EBADMSG");
     CHECK(open_fds() == before, "its fd was closed (%d vs %d)", open_fds(), before);
 
     /* too long: truncated by the kernel */
     fds[0] = dup(conn[0]);
     send_raw(chan[0], junk, sizeof(junk), fds, 1);
     close(fds[0]);
-    CHECK(bb_pass_recv(chan[1], &q) == -1 && errno == EBADMSG, "too long: EBADMSG");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EBADMSG, "too long: EBADMSG");
     CHECK(open_fds() == before, "its fd was closed (%d vs %d)", open_fds(), before);
 
     test_empty_queue(chan); /* nothing left behind */
@@ -223,6 +265,7 @@ int main(void)
     pair(SOCK_SEQPACKET, chan);
     test_empty_queue(chan);
     test_round_trip(chan);
+    test_carried_bytes(chan);
     test_long_addr_cut(chan);
     test_malformed(chan);
     close(chan[0]);

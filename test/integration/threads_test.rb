@@ -126,6 +126,41 @@ class ThreadsTest < ServerTest
     conns&.each(&:close)
   end
 
+  # Requests that typically run 0.3 s: a fast request arriving while both threads of a worker run
+  # younger ones waits in that worker's queue for the next free thread (Worker::QUEUE_MAX). The other
+  # worker has free threads, so once it has waited handoff_after it moves there, already read and
+  # parsed: its bytes travel with the connection, and the other worker answers it long before the
+  # slow ones end. The connection stays open there; /status counts the move.
+  def test_a_queued_request_moves_with_its_bytes_to_a_free_worker
+    dir = Dir.mktmpdir("bb-test")
+    stats = "#{dir}/status.sock"
+    server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{stats}", "--threads", "2",
+                           "--handoff-after", "0.05"], dir: dir, app: "handoff.ru", workers: 2)
+    conns = Array.new(10) { server.unix }
+    # every worker's typical request: 0.3 s
+    conns.each { |c| c.write("GET /?sleep=0.3 HTTP/1.1\r\nHost: x\r\n\r\n") }
+    pids = conns.map { |c| Integer(read_response(c, timeout: 10).body[/pid=(\d+)/, 1]) }
+    pid, = pids.tally.max_by { |_, n| n }
+    mine = conns.each_index.select { |i| pids[i] == pid }
+    assert_operator mine.size, :>=, 3, "ten connections, two workers: #{pids.inspect}"
+    a, b, c = mine.first(3).map { |i| conns[i] }
+    [a, b].each { |io| io.write("GET /?sleep=1.5 HTTP/1.1\r\nHost: x\r\n\r\n") }
+    sleep 0.1 # both run, younger than the typical 0.3 s: room for one more in the queue
+    t = now
+    res = request(c, "GET", "/fast")
+    waited = now - t
+    assert_operator waited, :<, 0.8, "the fast request waited behind the slow ones"
+    refute_equal pid, Integer(res.body[/pid=(\d+)/, 1]), "another worker answered it"
+    queued = Float(res.body[/queue=([\d.]+)/, 1])
+    assert_operator queued, :>=, 0.05, "it waited handoff_after in the first worker's queue, then moved"
+    assert_equal 200, request(c, "GET", "/").status, "the moved connection stays open"
+    [a, b].each { |io| assert_equal 200, read_response(io, timeout: 10)&.status }
+    workers = JSON.parse(stats_get(stats, "/status"))["workers"].to_h { |w| [w["pid"], w] }
+    assert_operator workers[pid]["moved_out"], :>=, 1
+  ensure
+    conns&.each(&:close)
+  end
+
   def test_every_request_is_served_once_with_threads_and_recycling
     dir = Dir.mktmpdir("bb-test")
     stats = "#{dir}/status.sock"

@@ -120,6 +120,50 @@ class HandoffUnitTest < Minitest::Test
     assert_nil Native::Conn.receive(@receiver.fileno, [])
   end
 
+  # Conn#pass_request (--threads: a request queued for busy app threads, taken back): the request
+  # already parsed travels in the message with its socket; the receiver parses it again, then reads
+  # what the client sent after it. A request with a body, or with bytes behind it, or whose response
+  # has started, stays.
+  def test_a_parsed_request_moves_with_its_bytes
+    conn, client = idle_conn(listener_index: 1)
+    client.write("GET /queued?x=1 HTTP/1.1\r\nHost: h\r\n\r\n")
+    sleep 0.05
+    assert_operator conn.fill(12.5), :>, 0
+    env = conn.parse
+    assert_equal "/queued", env["PATH_INFO"]
+    assert_equal true, conn.pass_request(@sender.fileno)
+    assert conn.moved?
+    conn.close
+    client.write("GET /after HTTP/1.1\r\nHost: h\r\n\r\n")
+    got = Native::Conn.receive(@receiver.fileno, [[{}, false], [{ "bb.listener" => "second" }, false]])
+    @conns << got
+    assert_operator got.buffered, :>, 0, "the carried request is in its buffer"
+    env = got.parse
+    assert_equal ["/queued", "x=1", "second"], env.values_at("PATH_INFO", "QUERY_STRING", "bb.listener")
+    assert_nil got.parse, "nothing else was carried"
+    sleep 0.05
+    assert_operator got.fill(0.0), :>, 0
+    assert_equal "/after", got.parse["PATH_INFO"], "then the socket's own bytes"
+  end
+
+  def test_a_parsed_request_with_a_body_bytes_behind_it_or_an_answer_stays
+    body, body_client = idle_conn
+    piped, piped_client = idle_conn
+    answered, answered_client = idle_conn
+    body_client.write("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
+    piped_client.write("GET /1 HTTP/1.1\r\nHost: h\r\n\r\nGET /2 HTTP/1.1\r\nHost: h\r\n\r\n")
+    answered_client.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+    sleep 0.05
+    [body, piped, answered].each do |c|
+      c.fill(0.0)
+      assert_kind_of Hash, c.parse
+    end
+    answered.write_response(200, { "content-length" => "2" }, ["ok"], false)
+    [body, piped, answered].each { |c| assert_equal false, c.pass_request(@sender.fileno) }
+    refute [body, piped, answered].any?(&:moved?)
+    assert_nil Native::Conn.receive(@receiver.fileno, [[{}, false]])
+  end
+
   # The watcher unshares its fd table where the kernel allows (no reference taking on the worker's
   # socket calls) and keeps no copy of a client socket: one the worker closes is closed.
   def test_the_watcher_keeps_no_copy_of_a_client_socket
