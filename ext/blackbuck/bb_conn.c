@@ -1497,10 +1497,10 @@ static VALUE conn_write_error(VALUE self, VALUE vstatus)
     int status = NUM2INT(vstatus);
     size_t sl, dl, rl;
     const char *s = bb_status_line(status, &sl), *d = bb_date_header(&dl);
-    c->replay_len = 0;
     char hdr[160];
     struct iovec iov[4];
     int n;
+    c->replay_len = 0;
     c->keepalive = 0;
     c->must_linger = 1;
     if (c->fd < 0) return Qfalse;

@@ -108,7 +108,7 @@ module Blackbuck
       start_app_threads
       start_handoff
       @scoreboard.reset(@index, Process.pid)
-      @scoreboard.free_threads(@index, @threads) if @pool
+      publish_free if @pool
       # The last response on a connection says so ("Connection: close"): keepalive off is 1.
       Native::Conn.keepalive_policy(@keepalive ? @max_keepalive_requests : 1)
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
@@ -251,7 +251,7 @@ module Blackbuck
       @busy += 1
       @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil, @woke_at))
       if @busy <= @threads
-        @scoreboard.free_threads(@index, @threads - @busy)
+        publish_free
         return unless saturated?
       end
 
@@ -280,7 +280,7 @@ module Blackbuck
         end
       end
       publish_running
-      @scoreboard.free_threads(@index, @busy < @threads ? @threads - @busy : 0)
+      publish_free
       unless saturated?
         resume_accepting if @paused
         handoff_intake(true) unless @paused
@@ -314,6 +314,12 @@ module Blackbuck
     def publish_running
       age, method, path = @pool.oldest
       @scoreboard.running(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, age, method, path)
+    end
+
+    # The slot shows how many app threads have nothing to run (0 once stopping): other workers move
+    # their queued requests here while there are any (#move_waiting).
+    def publish_free
+      @scoreboard.free_threads(@index, @stopping || saturated? ? 0 : @threads - @busy)
     end
 
     # One more request served: OOB GC, and the recycling limit.
@@ -588,7 +594,7 @@ module Blackbuck
 
       @stopping = true
       Native::Conn.stopping! # every response from now on says "Connection: close"
-      @scoreboard.free_threads(@index, 0) if @pool # no request moves here any more
+      publish_free if @pool # 0: no request moves here any more
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused
