@@ -1650,7 +1650,6 @@ static VALUE conn_detach(VALUE self)
 {
     struct conn *c = get_conn(self);
     int fd = c->fd;
-    c->replay_len = 0;
     if (fd >= 0 && queued(c) && out_drain(c, bb_settings.write_timeout_ms) != WRITE_DONE) shutdown(fd, SHUT_RDWR);
     out_discard(c);
     table_drop(c);

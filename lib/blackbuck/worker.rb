@@ -151,6 +151,9 @@ module Blackbuck
 
     def full? = @busy >= @threads + QUEUE_MAX || (saturated? && !@pool.room?(@woke_at))
 
+    # Requests wait in this worker's queue for a thread, and may move on (#move_waiting).
+    def queued_here? = @pass_fd && @busy > @threads
+
     def moved_out = @handoff ? @handoff.moved_out : @moved_out
 
     # max_queue_time: a request that has already waited longer is answered 503 with Retry-After
@@ -250,10 +253,8 @@ module Blackbuck
       input = env["rack.input"]
       @busy += 1
       @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil, @woke_at))
-      if @busy <= @threads
-        publish_free
-        return unless saturated?
-      end
+      publish_free if @busy <= @threads
+      return unless saturated?
 
       # Full: no more from the hand-off socket. With hand-off, new connections are still accepted
       # (a request on one moves on at once, in arrival order with the rest); without, they wait
@@ -302,9 +303,8 @@ module Blackbuck
       @pool.take_back do |job|
         next false unless job.conn.pass_request(@pass_fd)
 
-        @busy -= 1
+        @busy -= 1 # (only a request without a body moves: no tempfile to close)
         @moved_out += 1
-        job.input&.close!
         drop(job.conn)
         true
       end
@@ -408,7 +408,7 @@ module Blackbuck
           end
         end
         serve_ready unless @ready.empty?
-        move_waiting if @busy > @threads && @pass_fd
+        move_waiting if queued_here?
         tick if @stop_signals > @stop_signals_seen || @reopen_logs || @woke_at >= @next_tick
       end
     end
@@ -417,7 +417,7 @@ module Blackbuck
       t = @next_tick
       # requests queued for a thread: check again when the oldest may move (#move_waiting)
       # (then every handoff_after while it still waits)
-      if @busy > @threads && @pass_fd && (oldest = @pool.oldest_waiting)
+      if queued_here? && (oldest = @pool.oldest_waiting)
         t = [t, [oldest, @woke_at].max + @handoff_after].min
       end
       ms = ((t - now) * 1000).ceil
