@@ -6,22 +6,28 @@ require "tempfile"
 module Blackbuck
   # Turns the bytes of a connection into a complete request: head (parsed in C), then the
   # body (Content-Length or chunked, decoded in C) into memory or, past body_buffer bytes,
-  # a tempfile. Hands the request to the worker only when all of it has arrived, so a slow
-  # or short upload never holds the worker.
+  # a tempfile. It never calls the worker: #advance answers what the bytes make of the
+  # request, and the worker (the connection's one owner, Worker#progress) acts on the answer.
   class Request
     EMPTY = "".b.freeze
     MIN_RATE_GRACE = 10 # seconds a body may take before min_body_rate applies
 
-    def initialize(worker, config)
-      @worker = worker
+    # #advance's answers besides a complete request's env (a Hash) and a rejection (an Integer,
+    # the status to answer before closing):
+    HEAD = :head   # the head is not complete: wait for more of it
+    BODY = :body   # the head is in, the body is not: wait for more of it (Conn#sink holds it so far)
+    PROXY_PART = :proxy_part # part of a PROXY header is in: wait for the rest (accept's deadline holds)
+    PROXY = :proxy # a PROXY header is in (Conn#parse_proxy): the HTTP request comes next
+    DROP = :drop   # not HTTP at all (bytes that are not a PROXY header): close without an answer
+
+    def initialize(config, logger)
+      @logger = logger
       @max_body = config[:max_body]
       @body_buffer = config[:body_buffer]
-      @header_timeout = config[:header_timeout]
-      @body_timeout = config[:body_timeout]
       @min_body_rate = config[:min_body_rate]
       @empty_input = StringIO.new(EMPTY)
-      # With app threads a request outlives #serve (it runs on another thread): its input is its
-      # own, and the worker closes a tempfile body when the app is done with it.
+      # With app threads a request outlives the loop's turn (it runs on another thread): its
+      # input is its own, and the worker closes a tempfile body when the app is done with it.
       @threaded = config[:threads] > 1
     end
 
@@ -34,44 +40,39 @@ module Blackbuck
       elapsed > MIN_RATE_GRACE && conn.sink.size < @min_body_rate * elapsed
     end
 
-    # Makes as much progress as the buffered bytes allow. state: the connection's (Conn#state).
-    def advance(conn, state)
-      return read_body(conn) if state == Worker::BODY
+    # Makes as much progress as the buffered bytes allow and answers what they make: an env, a
+    # status to reject with, or one of HEAD, BODY, PROXY, DROP. body: the connection is reading
+    # a body (Worker::BODY).
+    def advance(conn, body)
+      return read_body(conn) if body
 
       env = conn.parse
       case env
       when Hash then start(conn, env)
-      when Integer then reject(conn, env)
+      when Integer then env
       when false then proxy_header(conn)
-      else
-        if state == Worker::IDLE && conn.buffered.positive?
-          conn.state = Worker::HEAD # the clock for a whole head starts with its first byte
-          conn.deadline = @worker.now + @header_timeout
-        end
+      else HEAD
       end
     end
 
-    # Answers a bad request with its status and closes the connection, so nothing the client
-    # sent after it is ever executed (in stages, so the client can read the answer).
-    def reject(conn, status)
-      answered = conn.write_error(status)
-      discard_sink(conn)
-      answered ? @worker.close(conn) : @worker.drop(conn)
+    # A request that will not be served: its body, if one was being read, is thrown away.
+    def discard(conn)
+      sink = conn.sink
+      sink.close! if sink.is_a?(Tempfile)
+      conn.sink = nil
+      conn.env = nil
     end
 
     private
 
     # On a proxy_protocol listener a connection starts with the balancer's PROXY header, which names
-    # the client (Conn#parse_proxy). Until it is in, the connection is IDLE with the deadline accept
-    # gave it (Worker::PROXY_HEADER_SECONDS), so no header or half of one is closed quietly when that
-    # passes; bytes that are not a header close it at once. Neither gets an answer (the protocol says
-    # so, and what came before a valid header is not HTTP). After it, the clock is a new connection's.
+    # the client (Conn#parse_proxy); bytes that are not a header are dropped. Neither gets an answer
+    # (the protocol says so, and what came before a valid header is not HTTP).
     def proxy_header(conn)
       case conn.parse_proxy
-      when true
-        conn.deadline = @worker.now + @header_timeout
-        advance(conn, Worker::IDLE) unless conn.buffered.zero?
-      when false then @worker.drop(conn)
+      when true then PROXY
+      when false then DROP
+      else PROXY_PART
       end
     end
 
@@ -86,17 +87,13 @@ module Blackbuck
           @empty_input.rewind
           env["rack.input"] = @empty_input
         end
-        @worker.serve(conn, env)
-        return
+        return env
       end
 
       length = conn.content_length
-      return reject(conn, 413) if @max_body.positive? && length > @max_body
+      return 413 if @max_body.positive? && length > @max_body
 
-      if conn.expect_continue?
-        conn.write_continue
-        @worker.flush_later(conn) if conn.pending_output?
-      end
+      conn.write_continue if conn.expect_continue? # Worker#progress flushes what the socket did not take
       conn.sink = if length >= 0 && length <= @body_buffer
                     StringIO.new(String.new(capacity: length, encoding: Encoding::BINARY))
                   elsif length > @body_buffer
@@ -105,34 +102,31 @@ module Blackbuck
                     StringIO.new(String.new(encoding: Encoding::BINARY))
                   end
       conn.env = env
-      conn.state = Worker::BODY
-      conn.body_started = @worker.now
-      conn.deadline = conn.body_started + @body_timeout
+      conn.body_started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       read_body(conn)
     rescue SystemCallError => e # no room for a tempfile
-      @worker.logger.error("cannot buffer a request body: #{e.message}")
-      reject(conn, 503)
+      @logger.error("cannot buffer a request body: #{e.message}")
+      503
     end
 
     def read_body(conn)
       loop do
         data = conn.body_take
-        return reject(conn, data) if data.is_a?(Integer)
+        return data if data.is_a?(Integer)
 
         unless data.empty?
           sink = conn.sink
-          return reject(conn, 413) if @max_body.positive? && sink.size + data.bytesize > @max_body
+          return 413 if @max_body.positive? && sink.size + data.bytesize > @max_body
 
           sink = spill(conn, sink) if sink.is_a?(StringIO) && sink.size + data.bytesize > @body_buffer
           sink.write(data)
         end
         return body_complete(conn) if conn.body_done?
-        break if conn.buffered.zero?
+        return BODY if conn.buffered.zero?
       end
-      conn.deadline = @worker.now + @body_timeout
     rescue SystemCallError => e # ENOSPC while spilling
-      @worker.logger.error("cannot buffer a request body: #{e.message}")
-      reject(conn, 503)
+      @logger.error("cannot buffer a request body: #{e.message}")
+      503
     end
 
     def body_complete(conn)
@@ -143,9 +137,7 @@ module Blackbuck
       env["rack.input"] = input
       conn.env = nil
       conn.sink = nil
-      @worker.serve(conn, env)
-    ensure
-      input.close! if input.is_a?(Tempfile) && !@threaded
+      env
     end
 
     def spill(conn, sink)
@@ -159,13 +151,6 @@ module Blackbuck
       file.binmode
       file.unlink # no name left behind, even after a crash
       file
-    end
-
-    def discard_sink(conn)
-      sink = conn.sink
-      sink.close! if sink.is_a?(Tempfile)
-      conn.sink = nil
-      conn.env = nil
     end
   end
 end

@@ -39,6 +39,7 @@ module Blackbuck
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
 
     QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
+    RACK_INPUT = "rack.input"
     SHED_HEADERS = { "content-type" => "text/plain", "retry-after" => "1" }.freeze
     SHED_BODY = ["Service Unavailable: the server is overloaded, retry shortly\n"].freeze
 
@@ -80,6 +81,7 @@ module Blackbuck
       @keepalive = config[:keepalive]
       @keepalive_timeout = config[:keepalive_timeout]
       @header_timeout = config[:header_timeout]
+      @body_timeout = config[:body_timeout]
       @proxy_header_timeout = [PROXY_HEADER_SECONDS, @header_timeout].min
       @write_timeout = config[:write_timeout]
       @max_connections = config[:max_connections]
@@ -88,7 +90,7 @@ module Blackbuck
       @max_rss_kib = config[:max_memory_per_child]
       @max_queue_time = config[:max_queue_time]
       @woke_at = now
-      @request = Request.new(self, config)
+      @request = Request.new(config, logger)
       @response = Response.new(self, config, app)
     end
 
@@ -120,12 +122,14 @@ module Blackbuck
       @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests")
     end
 
-    # Called by Request once a whole request (head and body) is in: run the app, answer.
+    # A whole request (head and body) is in: run the app, answer. True when the next request is
+    # read already and may be served now (#progress).
     def serve(conn, env)
       queued = env[QUEUE_TIME] = conn.queue_time
-      return shed(conn) if @max_queue_time.positive? && queued > @max_queue_time
+      return shed(conn, env) if @max_queue_time.positive? && queued > @max_queue_time
       return dispatch(conn, env, queued) if @pool
 
+      input = env[RACK_INPUT]
       conn.state = BUSY
       # The scoreboard's request_start/request_done, through the hand-off watcher when there is one
       # (it may move this worker's waiting connections in between).
@@ -137,9 +141,10 @@ module Blackbuck
         @in_app = false
         moved = @app_gate.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
         release_moved(moved) if moved
+        input.close! if input.is_a?(Tempfile)
       end
       counted
-      return if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
+      return false if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
 
       answered(conn, mode)
     end
@@ -159,23 +164,27 @@ module Blackbuck
     # max_queue_time: a request that has already waited longer is answered 503 with Retry-After
     # instead of running, so an overloaded server sheds what its clients (or the balancer) will
     # retry, rather than serving answers nobody waits for any more.
-    def shed(conn)
+    def shed(conn, env)
       @scoreboard.request_shed(@index)
-      return drop(conn) if conn.write_response(503, SHED_HEADERS, SHED_BODY, false) == Native::Conn::WRITE_FAILED
+      input = env[RACK_INPUT]
+      input.close! if input.is_a?(Tempfile)
+      if conn.write_response(503, SHED_HEADERS, SHED_BODY, false) == Native::Conn::WRITE_FAILED
+        drop(conn)
+        return false
+      end
 
       answered(conn)
     end
 
     # The response is written (:done, Response#handle) or maybe partly queued (:written): wait for
-    # the client to take the rest, or go on.
+    # the client to take the rest, or go on (true: with the next request, read already; #progress).
     def answered(conn, mode = :written)
-      if mode != :done && conn.pending_output?
-        conn.state = WRITE
-        conn.deadline = now + @write_timeout
-        watch(conn, OUT)
-      else
-        finish_response(conn)
-      end
+      return finish_response(conn) unless mode != :done && conn.pending_output?
+
+      conn.state = WRITE
+      conn.deadline = now + @write_timeout
+      watch(conn, OUT)
+      false
     end
 
     # The worker is done with a connection whose output is all sent (or that it answered with an
@@ -207,10 +216,6 @@ module Blackbuck
 
     # Finish what is in flight, then exit (the master starts a replacement).
     def retire(why) = begin_graceful_stop(why)
-
-    # Output was queued while the request is still being read (a 100 Continue the client did
-    # not take): send it when the socket becomes writable.
-    def flush_later(conn) = watch(conn, IN | OUT)
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -254,13 +259,14 @@ module Blackbuck
       @busy += 1
       @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil, @woke_at))
       publish_free if @busy <= @threads
-      return unless saturated?
-
-      # Full: no more from the hand-off socket. With hand-off, new connections are still accepted
-      # (a request on one moves on at once, in arrival order with the rest); without, they wait
-      # in the listen queue for a worker with a free thread.
-      @pass_fd ? handoff_intake(false) : pause_accepting
-      publish_running
+      if saturated?
+        # Full: no more from the hand-off socket. With hand-off, new connections are still accepted
+        # (a request on one moves on at once, in arrival order with the rest); without, they wait
+        # in the listen queue for a worker with a free thread.
+        @pass_fd ? handoff_intake(false) : pause_accepting
+        publish_running
+      end
+      false # the app threads have it; #finished goes on with the connection
     end
 
     # The app threads are done with these requests: the loop takes each connection back.
@@ -277,7 +283,7 @@ module Blackbuck
         when :drop then drop(conn)
         when :close then close(conn)
         else
-          answered(conn, job.mode) unless job.mode == :hijacked || conn.closed?
+          progress(conn, IDLE) if job.mode != :hijacked && !conn.closed? && answered(conn, job.mode)
         end
       end
       publish_running
@@ -454,7 +460,7 @@ module Blackbuck
       return if @pass_fd && full? && move_out(conn)
 
       if moved && conn.buffered.positive?
-        @request.advance(conn, IDLE)
+        progress(conn, IDLE)
       else
         on_readable(conn, IDLE, moved)
       end
@@ -510,14 +516,54 @@ module Blackbuck
       return if r.nil?
       return drop(conn) if r.zero?
 
-      @request.advance(conn, state)
+      progress(conn, state)
+    end
+
+    # What the bytes read so far make of the request on this connection (Request#advance answers),
+    # and the state the connection goes to: the one place that moves a connection through its states
+    # as it reads, on the loop thread. Pipelined requests already read are answered in turn here (a
+    # loop, not a recursion), PIPELINE_BATCH in a row at most before other connections get a turn.
+    def progress(conn, state)
+      loop do
+        case (r = @request.advance(conn, state == BODY))
+        when Hash
+          return unless serve(conn, r)
+
+          state = IDLE
+        when Request::HEAD
+          if state == IDLE && conn.buffered.positive?
+            conn.state = HEAD # the clock for a whole head starts with its first byte
+            conn.deadline = now + @header_timeout
+          end
+          return
+        when Request::BODY
+          conn.state = BODY # the clock restarts with every part of the body that arrives
+          conn.deadline = now + @body_timeout
+          watch(conn, IN | OUT) if conn.pending_output? # a 100 Continue the socket did not take
+          return
+        when Request::PROXY # the PROXY header is in: the clock is a fresh connection's
+          conn.deadline = now + @header_timeout
+          return if conn.buffered.zero?
+        when Request::PROXY_PART then return
+        when Request::DROP then return drop(conn)
+        else return reject(conn, r)
+        end
+      end
+    end
+
+    # Answers a bad request with its status and closes the connection, so nothing the client sent
+    # after it is ever executed (in stages, so the client can read the answer).
+    def reject(conn, status)
+      answered = conn.write_error(status)
+      @request.discard(conn)
+      answered ? close(conn) : drop(conn)
     end
 
     # The client became writable: send more. write_timeout limits how long it may take
     # nothing, so the deadline moves with every flush (a steady slow reader is fine).
     def flush(conn)
       case conn.flush
-      when Native::Conn::WRITE_DONE then finish_response(conn, true)
+      when Native::Conn::WRITE_DONE then progress(conn, IDLE) if finish_response(conn, true)
       when Native::Conn::WRITE_PENDING then conn.deadline = now + @write_timeout
       when Native::Conn::WRITE_FAILED then drop(conn)
       end
@@ -533,24 +579,27 @@ module Blackbuck
 
     # The response is out: keep the connection for the next request, or close it (Conn#next_request
     # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) not at all.
+    # True when the next request is read already and may be served now (#progress).
     def finish_response(conn, rewatch = @multithread)
-      return close(conn) unless (buffered = conn.next_request(@keepalive_timeout))
+      unless (buffered = conn.next_request(@keepalive_timeout))
+        close(conn)
+        return false
+      end
 
       watch(conn, IN) if rewatch
-      return if buffered.zero?
+      return false if buffered.zero?
 
       # Pipelined requests: answer in order, but give other connections a turn now and then.
-      if (conn.requests % PIPELINE_BATCH).zero?
-        @ready << conn
-      else
-        @request.advance(conn, IDLE)
-      end
+      return true unless (conn.requests % PIPELINE_BATCH).zero?
+
+      @ready << conn
+      false
     end
 
     def serve_ready
       batch = @ready
       @ready = []
-      batch.each { |conn| @request.advance(conn, IDLE) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
+      batch.each { |conn| progress(conn, IDLE) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
     end
 
     def watch(conn, mask)
@@ -650,12 +699,12 @@ module Blackbuck
 
         if c.deadline <= t
           case c.state
-          when HEAD, BODY then @request.reject(c, 408)
+          when HEAD, BODY then reject(c, 408)
           when IDLE then close(c)
           else drop(c)
           end
         elsif @request.too_slow?(c, t)
-          @request.reject(c, 408)
+          reject(c, 408)
         end
       end
     end
