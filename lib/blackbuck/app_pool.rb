@@ -10,17 +10,16 @@ module Blackbuck
   # busy waits in the pool's queue, so the thread that frees first starts it without a round trip
   # through the loop; until a thread starts it, the loop may take it back (#take_back) to move it
   # to another worker. Between push and done, only the app thread touches that connection: the
-  # loop has taken it out of its poller and its timeouts. Whatever the response asks of the worker
-  # (close the connection, forget a hijacked one, retire) is written down on the job and done by
-  # the loop thread (Sink), never by the app thread.
+  # loop has taken it out of its poller and its timeouts. What Response#handle answers (close the
+  # connection, forget a hijacked one, retire after a timeout) is written down on the job and done
+  # by the loop thread, never by the app thread.
   class AppPool
     TYPICAL_WEIGHT = 0.05 # of the latest request's run time in the moving average (#typical)
 
     # One request on its way through an app thread. fd: the connection's number when handed over
-    # (a hijack detaches it). after: :close or :drop when the response ended the connection, :hand_over
-    # when the app hijacked it. retire: why the worker should stop after it (a request timeout).
-    # pushed_at: when it entered the queue (monotonic seconds).
-    Job = Struct.new(:conn, :fd, :env, :queued, :input, :pushed_at, :started, :finished, :mode, :after, :retire)
+    # (a hijack detaches it). pushed_at: when it entered the queue (monotonic seconds). mode: what
+    # Response#handle answered.
+    Job = Struct.new(:conn, :fd, :env, :queued, :input, :pushed_at, :started, :finished, :mode)
 
     def initialize(worker, config, app, size)
       @worker = worker
@@ -34,9 +33,9 @@ module Blackbuck
       @running = Array.new(size) # the job each thread runs, or nil
       @typical = 0.0 # seconds a request runs, a moving average (#room?)
       @threads = Array.new(size) do |i|
-        sink = Sink.new(worker)
-        response = Response.new(sink, config, app)
-        Thread.new { work(i, sink, response) }
+        # no hand_over: the loop took the connection out of its poller when it pushed the request
+        response = Response.new(config, app, worker.logger, nil)
+        Thread.new { work(i, response) }
       end
     end
 
@@ -124,22 +123,18 @@ module Blackbuck
 
     # A RequestTimeout is taken only while the app runs its request (handle_interrupt); one that
     # comes a moment too late, after the request ended, is dropped rather than hitting the next.
-    def work(index, sink, response)
+    def work(index, response)
       Thread.handle_interrupt(RequestTimeout => :never) do
         while (job = pop)
-          sink.job = job
           job.started = now
           @running[index] = job
           begin
             job.mode = Thread.handle_interrupt(RequestTimeout => :immediate) { response.handle(job.conn, job.env) }
           rescue RequestTimeout # raised in handle's own error path: the answer is cut short
-            job.retire ||= "a request timed out"
-            job.after ||= :drop
-            job.mode = :closed
+            job.mode = Response::TIMED_OUT_DROP
           rescue Exception => e # rubocop:disable Lint/RescueException -- the loop must get its connection back
             @worker.logger.exception("app thread", e)
-            job.after ||= :drop
-            job.mode = :closed
+            job.mode = Response::DROP
           end
           @running[index] = nil
           drop_late_timeout
@@ -179,22 +174,6 @@ module Blackbuck
       Thread.handle_interrupt(RequestTimeout => :immediate) { Thread.pass }
     rescue RequestTimeout
       nil
-    end
-
-    # What a Response (and its rack.hijack hooks) call on "the worker", from an app thread: the
-    # connection's fate is written on the job for the loop thread.
-    class Sink
-      attr_writer :job
-
-      def initialize(worker)
-        @worker = worker
-      end
-
-      def logger = @worker.logger
-      def close(_conn) = (@job.after = :close)
-      def drop(_conn) = (@job.after = :drop)
-      def hand_over(_conn) = (@job.after = :hand_over)
-      def retire(why) = (@job.retire ||= why)
     end
   end
 end

@@ -9,18 +9,30 @@ module Blackbuck
   # an Array body goes out in one writev with Content-Length; a body that names its file
   # (`to_path`) is sent from that file with sendfile(2) (Conn#write_file); an `each` body is
   # streamed, chunked on HTTP/1.1 when the app gave no length; a Rack 3 callable body gets a
-  # stream. Returns :done (all of it sent), :written (some of it queued), :hijacked or :closed.
+  # stream. It never decides the connection's fate: #handle answers what happened, and the worker
+  # (the connection's one owner) acts on it.
   class Response
     RESPONSE_FINISHED = "rack.response_finished"
     HIJACK = "rack.hijack"
     EARLY_HINTS = "rack.early_hints"
     CLOSED = Class.new(StandardError) # the client went away mid-body
 
-    def initialize(worker, config, app)
-      @worker = worker
+    # What #handle answers:
+    DONE = :done         # the whole response is sent
+    WRITTEN = :written   # the response is written, part of it maybe queued for the client
+    HIJACKED = :hijacked # the app took the socket (rack.hijack)
+    CLOSE = :close       # the answer is complete (an error status) or cut short: close in stages
+    DROP = :drop         # the client is gone: close at once
+    TIMED_OUT_CLOSE = :timed_out_close # a request timeout cut the request (a 503, or a response cut
+    TIMED_OUT_DROP = :timed_out_drop   # short): as CLOSE / DROP, and the worker retires
+
+    # hand_over: called with the connection when the app hijacks it, before the app gets the socket
+    # (the worker must stop watching it then: the app may close it at once); nil when nothing
+    # watches it while the app runs (app threads).
+    def initialize(config, app, logger, hand_over)
       @app = app
-      @hooks = ConnHooks.new(worker)
-      @logger = worker.logger
+      @hooks = ConnHooks.new(hand_over)
+      @logger = logger
       @timeout = config[:timeout]
       @file_redirect = FileRedirect.for(config) # X-Sendfile / X-Accel-Redirect, when configured
     end
@@ -37,22 +49,19 @@ module Blackbuck
       rescue RequestTimeout => e
         error = e
         @logger.exception("request timeout (#{@timeout}s): #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-        @worker.retire("a request timed out")
-        return answer_error(conn, 503, hooks)
+        return TIMED_OUT[answer_error(conn, 503, hooks)]
       rescue StandardError, ScriptError, SystemStackError => e
         error = e
         @logger.exception("app error: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
         return answer_error(conn, 500, hooks)
       end
-      return :hijacked if hooks.hijacked?
+      return HIJACKED if hooks.hijacked?
 
       write(conn, env, status, headers, body, hooks)
     rescue RequestTimeout => e
       error = e
       @logger.exception("request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-      @worker.retire("a request timed out")
-      @worker.close(conn) # the response is cut short: the client sees it end early
-      :closed
+      TIMED_OUT_CLOSE # the response is cut short: the client sees it end early
     ensure
       close_body(body)
       finished&.each do |cb|
@@ -61,6 +70,8 @@ module Blackbuck
         @logger.exception("rack.response_finished callback", e)
       end
     end
+
+    TIMED_OUT = { CLOSE => TIMED_OUT_CLOSE, DROP => TIMED_OUT_DROP, HIJACKED => HIJACKED }.freeze
 
     private
 
@@ -71,7 +82,7 @@ module Blackbuck
       if (partial = headers[HIJACK])
         conn.write_response(status, headers, nil, true)
         partial.call(hooks.call)
-        return :hijacked
+        return HIJACKED
       end
 
       if (target = @file_redirect&.resolve(headers))
@@ -86,15 +97,12 @@ module Blackbuck
           mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED)
         end
       end
-      if mode == Native::Conn::WRITE_FAILED
-        @worker.drop(conn)
-        return :closed
-      end
-      # :done: all of it is out; :written: some may wait in the output queue for the client
-      streaming || mode != Native::Conn::WRITE_DONE ? :written : :done
+      return DROP if mode == Native::Conn::WRITE_FAILED
+
+      # DONE: all of it is out; WRITTEN: some may wait in the output queue for the client
+      streaming || mode != Native::Conn::WRITE_DONE ? WRITTEN : DONE
     rescue CLOSED
-      @worker.drop(conn)
-      :closed
+      DROP
     rescue StandardError => e
       # Nothing was written when write_response raised (it validates first): answer 500. Once a
       # streamed body has begun, its status is out; the only honest signal left is to end the
@@ -102,8 +110,7 @@ module Blackbuck
       # truncated body, never a second response spliced into the first.
       if streaming
         @logger.exception("body failed after the head was sent, connection closed: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-        @worker.close(conn)
-        return :closed
+        return CLOSE
       end
       @logger.exception("invalid response", e)
       answer_error(conn, 500, hooks)
@@ -168,14 +175,9 @@ module Blackbuck
     end
 
     def answer_error(conn, status, hooks)
-      return :hijacked if hooks.hijacked?
+      return HIJACKED if hooks.hijacked?
 
-      if !conn.closed? && conn.write_error(status)
-        @worker.close(conn)
-      else
-        @worker.drop(conn)
-      end
-      :closed
+      !conn.closed? && conn.write_error(status) ? CLOSE : DROP
     end
 
     def close_body(body)
@@ -213,11 +215,11 @@ module Blackbuck
       def closed? = @closed
     end
 
-    # The rack.hijack and rack.early_hints callables. A worker runs one request at a time,
-    # so one object per worker serves them all, pointed at the current request by #start.
+    # The rack.hijack and rack.early_hints callables. A Response runs one request at a time,
+    # so one object per Response serves them all, pointed at the current request by #start.
     class ConnHooks
-      def initialize(worker)
-        @worker = worker
+      def initialize(hand_over)
+        @hand_over = hand_over
         @hijacked = false
         @io = nil
       end
@@ -231,11 +233,11 @@ module Blackbuck
 
       def hijacked? = @hijacked
 
-      # rack.hijack: the app takes the socket; the worker no longer tracks it.
+      # rack.hijack: the app takes the socket; the worker stops watching it first (hand_over).
       def call
         return @io if @hijacked
 
-        @worker.hand_over(@conn)
+        @hand_over&.call(@conn)
         fd = @conn.detach
         @io = @conn.tcp? ? TCPSocket.for_fd(fd) : UNIXSocket.for_fd(fd)
         @io.autoclose = true

@@ -91,7 +91,7 @@ module Blackbuck
       @max_queue_time = config[:max_queue_time]
       @woke_at = now
       @request = Request.new(config, logger)
-      @response = Response.new(self, config, app)
+      @response = Response.new(config, app, logger, method(:hand_over))
     end
 
     def run
@@ -144,9 +144,7 @@ module Blackbuck
         input.close! if input.is_a?(Tempfile)
       end
       counted
-      return false if mode == :hijacked || mode == :closed # the app owns it now, or it is closing
-
-      answered(conn, mode)
+      after_response(conn, mode)
     end
 
     # True while every app thread has a request: the worker takes no new connection then, and a
@@ -176,10 +174,24 @@ module Blackbuck
       answered(conn)
     end
 
-    # The response is written (:done, Response#handle) or maybe partly queued (:written): wait for
-    # the client to take the rest, or go on (true: with the next request, read already; #progress).
-    def answered(conn, mode = :written)
-      return finish_response(conn) unless mode != :done && conn.pending_output?
+    # What Response#handle answered decides what becomes of the connection. True when the next
+    # request is read already and may be served now (#progress).
+    def after_response(conn, mode)
+      case mode
+      when Response::DONE, Response::WRITTEN then return answered(conn, mode)
+      when Response::CLOSE then close(conn)
+      when Response::DROP then drop(conn)
+      when Response::TIMED_OUT_CLOSE, Response::TIMED_OUT_DROP
+        begin_graceful_stop("a request timed out")
+        mode == Response::TIMED_OUT_CLOSE ? close(conn) : drop(conn)
+      end
+      false # HIJACKED: the app's now (#hand_over)
+    end
+
+    # The response is written (DONE) or maybe partly queued (WRITTEN): wait for the client to take
+    # the rest, or go on (true: with the next request, read already; #progress).
+    def answered(conn, mode = Response::WRITTEN)
+      return finish_response(conn) unless mode != Response::DONE && conn.pending_output?
 
       conn.state = WRITE
       conn.deadline = now + @write_timeout
@@ -209,13 +221,12 @@ module Blackbuck
 
     # rack.hijack: the app takes the socket. The worker stops watching and tracking it, so a
     # hijacked connection (a WebSocket) never counts as work in flight when the worker stops.
+    # (Called from Response's rack.hijack, before the app gets the socket. App threads hijack a
+    # connection the loop no longer watches: #finished forgets it when the job comes back.)
     def hand_over(conn)
       unwatch(conn)
       untrack(conn)
     end
-
-    # Finish what is in flight, then exit (the master starts a replacement).
-    def retire(why) = begin_graceful_stop(why)
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -276,14 +287,11 @@ module Blackbuck
         conn = job.conn
         job.input&.close!
         @scoreboard.request_observed(@index, job.queued, job.finished - job.started)
-        begin_graceful_stop(job.retire) if job.retire
         counted
-        case job.after
-        when :hand_over then untrack_fd(job.fd)
-        when :drop then drop(conn)
-        when :close then close(conn)
-        else
-          progress(conn, IDLE) if job.mode != :hijacked && !conn.closed? && answered(conn, job.mode)
+        if job.mode == Response::HIJACKED
+          untrack_fd(job.fd) if @conns[job.fd].equal?(conn) # (the app may have closed it: its number may be another's now)
+        elsif !conn.closed? && after_response(conn, job.mode)
+          progress(conn, IDLE)
         end
       end
       publish_running
