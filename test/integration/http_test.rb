@@ -35,6 +35,24 @@ class HTTPTest < ServerTest
     end
   end
 
+  # More pipelined requests than a worker answers in a row (Worker::PIPELINE_BATCH, 16; the rest wait
+  # their turn behind other connections): every one is answered, in order, on its connection, and so
+  # is a request on another connection of the same worker.
+  def test_a_long_pipeline_is_answered_in_order_across_turns
+    server = start_server(["-l", "127.0.0.1:0", "-w", "1"], app: "kitchen.ru")
+    piped = server.tcp
+    other = server.tcp
+    assert_equal 200, request(other, "GET", "/hello").status
+    piped.write((1..40).map { |i| "GET /status?s=#{200 + i} HTTP/1.1\r\nHost: x\r\n\r\n" }.join)
+    other.write("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_equal 200, read_response(other).status
+    assert_equal (201..240).to_a, Array.new(40) { read_response(piped).status }
+    assert_equal 200, request(piped, "GET", "/hello").status, "the connection goes on after them"
+  ensure
+    piped&.close
+    other&.close
+  end
+
   def test_each_body_is_chunked_on_http11_and_close_delimited_on_http10
     io = @server.tcp
     res = request(io, "GET", "/each")
