@@ -1817,6 +1817,11 @@ void bb_init_conn(void)
     rb_define_method(cConn, "body_started", conn_get_body_started, 0);
     rb_define_method(cConn, "body_started=", conn_set_body_started, 1);
     rb_define_const(cConn, "IDLE", INT2FIX(BB_CONN_IDLE));
+    rb_define_const(cConn, "HEAD", INT2FIX(BB_CONN_HEAD));
+    rb_define_const(cConn, "BODY", INT2FIX(BB_CONN_BODY));
+    rb_define_const(cConn, "WRITE", INT2FIX(BB_CONN_WRITE));
+    rb_define_const(cConn, "BUSY", INT2FIX(BB_CONN_BUSY));
+    rb_define_const(cConn, "LINGER", INT2FIX(BB_CONN_LINGER));
     rb_define_const(cConn, "WRITE_DONE", INT2FIX(WRITE_DONE));
     rb_define_const(cConn, "WRITE_PENDING", INT2FIX(WRITE_PENDING));
     rb_define_const(cConn, "STREAM_CHUNKED", INT2FIX(STREAM_CHUNKED));

@@ -55,8 +55,16 @@ void bb_warn(VALUE msg);
 /* Waits until fd is writable or timeout_ms passes, without holding the GVL. 1 ready, 0 timeout, -1 error. */
 int bb_wait_writable(int fd, int timeout_ms);
 
-/* Conn#state of a keep-alive connection waiting for its next request (Worker::IDLE is this). */
-#define BB_CONN_IDLE 0
+/* Conn#state: where a connection is in its life (Native::Conn::IDLE..., Worker's names for them).
+ * Only the worker's loop thread changes it; the hand-off watcher reads it (an IDLE one may move). */
+enum bb_conn_state {
+    BB_CONN_IDLE = 0, /* keep-alive (or new), no byte of the next request yet: only these may move */
+    BB_CONN_HEAD,     /* part of a request head received */
+    BB_CONN_BODY,     /* reading the request body */
+    BB_CONN_WRITE,    /* response bytes waiting for the client */
+    BB_CONN_BUSY,     /* its request is in the app */
+    BB_CONN_LINGER    /* closing in stages: write side shut, input discarded until the client closes */
+};
 /* Hand-off (bb_handoff.c): moves fd to another worker over sock when it is a connection waiting
  * between requests. pidfd >= 0: the caller has its own fd table and takes the socket from the
  * worker's with pidfd_getfd. owner: the caller is the thread that owns the connection (it need not be

@@ -16,13 +16,14 @@ module Blackbuck
   # while the app runs long does not wait for it: the hand-off watcher (Native::Handoff) moves that
   # connection to a free worker. See docs/ARCHITECTURE.md for one request's path.
   class Worker
-    # Connection states (Conn#state).
-    IDLE = Native::Conn::IDLE # keep-alive, no byte of the next request yet (only these may move)
-    HEAD = 1  # part of a request head received
-    BODY = 2  # reading the request body
-    WRITE = 3  # response bytes waiting for the client
-    BUSY = 4   # its request is in the app
-    LINGER = 5 # closing in stages: write side shut, input discarded until the client closes
+    # Connection states (Conn#state; defined in C, bb_ext.h, where the hand-off watcher reads them).
+    # Every change of state is made here (docs/ARCHITECTURE.md, "One owner, one state machine").
+    IDLE = Native::Conn::IDLE     # keep-alive (or new), no byte of the next request yet (only these may move)
+    HEAD = Native::Conn::HEAD     # part of a request head received
+    BODY = Native::Conn::BODY     # reading the request body
+    WRITE = Native::Conn::WRITE   # response bytes waiting for the client
+    BUSY = Native::Conn::BUSY     # its request is in the app
+    LINGER = Native::Conn::LINGER # closing in stages: write side shut, input discarded until the client closes
 
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn

@@ -102,7 +102,7 @@ class HandoffUnitTest < Minitest::Test
 
   def test_a_connection_mid_request_with_bytes_read_or_closed_stays
     busy, busy_client = idle_conn
-    busy.state = 4 # Worker::BUSY: the request the app runs
+    busy.state = Native::Conn::BUSY # the request the app runs
     buffered, buffered_client = idle_conn
     gone, gone_client = idle_conn
     gone_client.close # readable too (end of input), but no request: the worker drops it itself
