@@ -533,30 +533,29 @@ module Blackbuck
     # as it reads, on the loop thread. Pipelined requests already read are answered in turn here (a
     # loop, not a recursion), PIPELINE_BATCH in a row at most before other connections get a turn.
     def progress(conn, state)
-      loop do
-        case (r = @request.advance(conn, state == BODY))
-        when Hash
-          return unless serve(conn, r)
+      r = @request.advance(conn, state == BODY)
+      while r.is_a?(Hash)
+        return unless serve(conn, r)
 
-          state = IDLE
-        when Request::HEAD
-          if state == IDLE && conn.buffered.positive?
-            conn.state = HEAD # the clock for a whole head starts with its first byte
-            conn.deadline = now + @header_timeout
-          end
-          return
-        when Request::BODY
-          conn.state = BODY # the clock restarts with every part of the body that arrives
-          conn.deadline = now + @body_timeout
-          watch(conn, IN | OUT) if conn.pending_output? # a 100 Continue the socket did not take
-          return
-        when Request::PROXY # the PROXY header is in: the clock is a fresh connection's
+        state = IDLE
+        r = @request.advance(conn, false)
+      end
+      case r
+      when Request::HEAD
+        if state == IDLE && conn.buffered.positive?
+          conn.state = HEAD # the clock for a whole head starts with its first byte
           conn.deadline = now + @header_timeout
-          return if conn.buffered.zero?
-        when Request::PROXY_PART then return
-        when Request::DROP then return drop(conn)
-        else return reject(conn, r)
         end
+      when Request::BODY
+        conn.state = BODY # the clock restarts with every part of the body that arrives
+        conn.deadline = now + @body_timeout
+        watch(conn, IN | OUT) if conn.pending_output? # a 100 Continue the socket did not take
+      when Request::PROXY # the PROXY header is in: the clock is a fresh connection's, the request next
+        conn.deadline = now + @header_timeout
+        progress(conn, IDLE) if conn.buffered.positive?
+      when Request::PROXY_PART then nil
+      when Request::DROP then drop(conn)
+      else reject(conn, r)
       end
     end
 
