@@ -20,12 +20,17 @@ module Blackbuck
     PROXY = :proxy # a PROXY header is in (Conn#parse_proxy): the HTTP request comes next
     DROP = :drop   # not HTTP at all (bytes that are not a PROXY header): close without an answer
 
+    # The tempfile holding the body of the request being served (one app thread; app threads own
+    # their request's input), or nil: the worker closes it once the app is done (#close_spilled).
+    attr_reader :spilled
+
     def initialize(config, logger)
       @logger = logger
       @max_body = config[:max_body]
       @body_buffer = config[:body_buffer]
       @min_body_rate = config[:min_body_rate]
       @empty_input = StringIO.new(EMPTY)
+      @spilled = nil
       # With app threads a request outlives the loop's turn (it runs on another thread): its
       # input is its own, and the worker closes a tempfile body when the app is done with it.
       @threaded = config[:threads] > 1
@@ -53,6 +58,11 @@ module Blackbuck
       when false then proxy_header(conn)
       else HEAD
       end
+    end
+
+    def close_spilled
+      @spilled.close!
+      @spilled = nil
     end
 
     # A request that will not be served: its body, if one was being read, is thrown away.
@@ -137,6 +147,7 @@ module Blackbuck
       env["rack.input"] = input
       conn.env = nil
       conn.sink = nil
+      @spilled = input if !@threaded && input.is_a?(Tempfile)
       env
     end
 

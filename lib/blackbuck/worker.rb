@@ -130,7 +130,6 @@ module Blackbuck
       return shed(conn, env) if @max_queue_time.positive? && queued > @max_queue_time
       return dispatch(conn, env, queued) if @pool
 
-      input = env[RACK_INPUT]
       conn.state = BUSY
       # The scoreboard's request_start/request_done, through the hand-off watcher when there is one
       # (it may move this worker's waiting connections in between).
@@ -142,9 +141,11 @@ module Blackbuck
         @in_app = false
         moved = @app_gate.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
         release_moved(moved) if moved
-        input.close! if input.is_a?(Tempfile)
+        @request.close_spilled if @request.spilled
       end
       counted
+      return answered(conn, mode) if mode == Response::DONE || mode == Response::WRITTEN
+
       after_response(conn, mode)
     end
 
@@ -165,8 +166,12 @@ module Blackbuck
     # retry, rather than serving answers nobody waits for any more.
     def shed(conn, env)
       @scoreboard.request_shed(@index)
-      input = env[RACK_INPUT]
-      input.close! if input.is_a?(Tempfile)
+      if @pool
+        input = env[RACK_INPUT]
+        input.close! if input.is_a?(Tempfile)
+      elsif @request.spilled
+        @request.close_spilled
+      end
       if conn.write_response(503, SHED_HEADERS, SHED_BODY, false) == Native::Conn::WRITE_FAILED
         drop(conn)
         return false
