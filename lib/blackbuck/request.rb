@@ -46,8 +46,8 @@ module Blackbuck
     end
 
     # Makes as much progress as the buffered bytes allow and answers what they make: an env, a
-    # status to reject with, or one of HEAD, BODY, PROXY, DROP. body: the connection is reading
-    # a body (Worker::BODY).
+    # status to reject with, or one of HEAD, BODY, PROXY_PART, PROXY, DROP. body: the connection is
+    # reading a body (Worker::BODY).
     def advance(conn, body)
       return read_body(conn) if body
 
@@ -60,6 +60,7 @@ module Blackbuck
       end
     end
 
+    # The app is done with the request whose body #spilled holds.
     def close_spilled
       @spilled.close!
       @spilled = nil

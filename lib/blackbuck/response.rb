@@ -25,6 +25,7 @@ module Blackbuck
     DROP = :drop         # the client is gone: close at once
     TIMED_OUT_CLOSE = :timed_out_close # a request timeout cut the request (a 503, or a response cut
     TIMED_OUT_DROP = :timed_out_drop   # short): as CLOSE / DROP, and the worker retires
+    TIMED_OUT = { CLOSE => TIMED_OUT_CLOSE, DROP => TIMED_OUT_DROP, HIJACKED => HIJACKED }.freeze
 
     # hand_over: called with the connection when the app hijacks it, before the app gets the socket
     # (the worker must stop watching it then: the app may close it at once); nil when nothing
@@ -70,8 +71,6 @@ module Blackbuck
         @logger.exception("rack.response_finished callback", e)
       end
     end
-
-    TIMED_OUT = { CLOSE => TIMED_OUT_CLOSE, DROP => TIMED_OUT_DROP, HIJACKED => HIJACKED }.freeze
 
     private
 
