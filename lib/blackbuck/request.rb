@@ -20,8 +20,8 @@ module Blackbuck
     PROXY = :proxy # a PROXY header is in (Conn#parse_proxy): the HTTP request comes next
     DROP = :drop   # not HTTP at all (bytes that are not a PROXY header): close without an answer
 
-    # The tempfile holding the body of the request being served (one app thread; app threads own
-    # their request's input), or nil: the worker closes it once the app is done (#close_spilled).
+    # The tempfile holding the body of the request #advance completed last, or nil: the worker takes
+    # it (#take_spilled) and closes it once the app is done with the request.
     attr_reader :spilled
 
     def initialize(config, logger)
@@ -60,10 +60,10 @@ module Blackbuck
       end
     end
 
-    # The app is done with the request whose body #spilled holds.
-    def close_spilled
-      @spilled.close!
+    def take_spilled
+      file = @spilled
       @spilled = nil
+      file
     end
 
     # A request that will not be served: its body, if one was being read, is thrown away.
@@ -148,7 +148,7 @@ module Blackbuck
       env["rack.input"] = input
       conn.env = nil
       conn.sink = nil
-      @spilled = input if !@threaded && input.is_a?(Tempfile)
+      @spilled = input if input.is_a?(Tempfile)
       env
     end
 

@@ -40,7 +40,6 @@ module Blackbuck
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
 
     QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
-    RACK_INPUT = "rack.input"
     SHED_HEADERS = { "content-type" => "text/plain", "retry-after" => "1" }.freeze
     SHED_BODY = ["Service Unavailable: the server is overloaded, retry shortly\n"].freeze
 
@@ -127,7 +126,7 @@ module Blackbuck
     # read already and may be served now (#progress).
     def serve(conn, env)
       queued = env[QUEUE_TIME] = conn.queue_time
-      return shed(conn, env) if @max_queue_time.positive? && queued > @max_queue_time
+      return shed(conn) if @max_queue_time.positive? && queued > @max_queue_time
       return dispatch(conn, env, queued) if @pool
 
       conn.state = BUSY
@@ -141,7 +140,7 @@ module Blackbuck
         @in_app = false
         moved = @app_gate.request_done(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE)
         release_moved(moved) if moved
-        @request.close_spilled if @request.spilled
+        @request.take_spilled.close! if @request.spilled
       end
       counted
       return answered(conn, mode) if mode == Response::DONE || mode == Response::WRITTEN
@@ -164,14 +163,9 @@ module Blackbuck
     # max_queue_time: a request that has already waited longer is answered 503 with Retry-After
     # instead of running, so an overloaded server sheds what its clients (or the balancer) will
     # retry, rather than serving answers nobody waits for any more.
-    def shed(conn, env)
+    def shed(conn)
       @scoreboard.request_shed(@index)
-      if @pool
-        input = env[RACK_INPUT]
-        input.close! if input.is_a?(Tempfile)
-      elsif @request.spilled
-        @request.close_spilled
-      end
+      @request.take_spilled&.close!
       if conn.write_response(503, SHED_HEADERS, SHED_BODY, false) == Native::Conn::WRITE_FAILED
         drop(conn)
         return false
@@ -272,9 +266,8 @@ module Blackbuck
     def dispatch(conn, env, queued)
       conn.state = BUSY
       unwatch(conn)
-      input = env["rack.input"]
       @busy += 1
-      @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, input.is_a?(Tempfile) ? input : nil, @woke_at))
+      @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, @request.take_spilled, @woke_at))
       publish_free if @busy <= @threads
       if saturated?
         # Full: no more from the hand-off socket. With hand-off, new connections are still accepted
