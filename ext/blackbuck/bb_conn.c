@@ -69,6 +69,9 @@
 #define BB_HEAD_TAIL_MAX 160
 /* An error answer waits at most this long for a client that is not reading (it is then closed anyway). */
 #define BB_ERROR_WRITE_WAIT_MS 100
+/* Bytes of a Host value a connection's env_base keeps the Host entries for (a longer one: they are
+ * set for every request, as for a connection whose Host changes). */
+#define BB_BASE_HOST_MAX 128
 /* Bytes a lingering connection's input is read in (and discarded) per read(2). */
 #define BB_LINGER_READ_CHUNK (64 * 1024)
 /* Bytes discarded per discard_input call at most, so one flooding client cannot keep the worker
@@ -127,10 +130,20 @@ struct conn {
      * (Conn#pass_request). 0 = it may not. */
     size_t replay_off, replay_len;
     char peer[BB_PASS_ADDR_MAX + 1]; /* remote_addr as C text, for bb_conn_pass (which may not touch Ruby) */
+    /* The env entries that stay the same from one request of this connection to the next (the
+     * template's, REMOTE_ADDR, SERVER_PROTOCOL, HTTP_VERSION, ...), made at its first keep-alive
+     * request: its next requests' envs are copies of it (conn_parse). Qnil until then. */
+    VALUE env_base;
+    int env_base_minor; /* the HTTP minor version env_base was made for */
+    size_t base_host_len; /* env_base has the Host entries of this Host value (0: it has none) */
+    char base_host[BB_BASE_HOST_MAX];
+    /* REQUEST_METHOD and PATH_INFO of the request parse returned last (the scoreboard shows them) */
+    VALUE req_method, req_path;
     VALUE remote_addr, template, env, sink;
 };
 
 static VALUE cConn;
+static long keepalive_max; /* requests per connection, then Connection: close; 0 = no cap */
 static int queued(const struct conn *c);
 static VALUE conn_close(VALUE self);
 static size_t buf_limit(void);
@@ -209,13 +222,16 @@ static void buf_put(char *b, size_t cap)
 }
 static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
     k_remote_addr, k_server_name, k_server_port, k_http_host, k_content_length, k_content_type, k_connection,
-    v_http10, v_http11, v_port80, v_port443, v_empty, k_url_scheme, v_https;
+    k_early_hints, k_queue_time, v_http10, v_http11, v_port80, v_port443, v_empty, k_url_scheme, v_https;
 
 static void conn_mark(void *p)
 {
     struct conn *c = p;
     rb_gc_mark(c->remote_addr);
     rb_gc_mark(c->template);
+    rb_gc_mark(c->env_base);
+    rb_gc_mark(c->req_method);
+    rb_gc_mark(c->req_path);
     rb_gc_mark(c->env);
     rb_gc_mark(c->sink);
 }
@@ -280,7 +296,7 @@ static VALUE conn_alloc(VALUE klass)
     c->fd = -1;
     c->spill_fd = -1;
     c->file_fd = -1;
-    c->remote_addr = c->template = c->env = c->sink = Qnil;
+    c->remote_addr = c->template = c->env_base = c->env = c->sink = c->req_method = c->req_path = Qnil;
     return obj;
 }
 
@@ -489,12 +505,10 @@ static int ieq(const char *a, size_t alen, const char *lower)
     return 1;
 }
 
-/* Sets SERVER_NAME and SERVER_PORT from the request's authority, which the parser validated and
- * split: v[0..host_len) is the host ("name", "[v6]"), then ":" and the port if host_len < n. An
- * empty authority (an empty Host) leaves the listener's name and port from the template. */
 /* SERVER_NAME and SERVER_PORT from an authority the parser validated ("name", "name:port",
  * "[v6]:port"; host_len bytes of host). A port's leading zeros are dropped ("0080" is 80: Rack 2's
- * Lint reads "0080" as a bad octal number); no port means the scheme's default (default_port). */
+ * Lint reads "0080" as a bad octal number); no port means the scheme's default (default_port). An
+ * empty authority (an empty Host) leaves the listener's name and port from the template. */
 static void set_host(VALUE env, const char *v, size_t n, size_t host_len, VALUE default_port)
 {
     if (n == 0) return;
@@ -676,6 +690,96 @@ static VALUE conn_parse_proxy(VALUE self)
     return Qtrue;
 }
 
+/* The start of a request's env, and whether it has the request's Host entries already (then
+ * HTTP_HOST, SERVER_NAME and SERVER_PORT are in it). A keep-alive connection's requests start from
+ * a copy of its env_base, made at its first request with the entries that stay the same: the
+ * listener's template, the protocol, REMOTE_ADDR and, when they can only be what they were (the same
+ * Host bytes, no absolute-form target), the Host entries, made for http (request_env sets
+ * SERVER_PORT for an https request whose Host has no port). */
+static VALUE env_start(VALUE self, struct conn *c, const struct bb_request *req, int *has_host)
+{
+    const struct bb_header *host = req->host_index >= 0 ? &req->headers[req->host_index] : NULL;
+    int minor = req->minor_version;
+    /* its Host may live in env_base */
+    int host_fixed = host && host->value_len > 0 && host->value_len <= BB_BASE_HOST_MAX && !(req->flags & BB_F_ABSOLUTE_FORM);
+    VALUE env;
+
+    if (c->env_base != Qnil && c->env_base_minor == minor) {
+        if (!c->base_host_len) {
+            *has_host = 0;
+            return rb_hash_dup(c->env_base);
+        }
+        if (host_fixed && host->value_len == c->base_host_len && memcmp(host->value, c->base_host, c->base_host_len) == 0) {
+            *has_host = 1;
+            return rb_hash_dup(c->env_base);
+        }
+    }
+    env = rb_hash_dup(c->template);
+    /* 103 Early Hints is HTTP/1.1's: an HTTP/1.0 request gets no rack.early_hints, even when the
+     * worker's template offers it (Worker#env_templates) */
+    if (!minor) rb_hash_delete(env, k_early_hints);
+    rb_hash_aset(env, k_server_protocol, minor ? v_http11 : v_http10);
+    rb_hash_aset(env, k_http_version, minor ? v_http11 : v_http10);
+    rb_hash_aset(env, k_remote_addr, c->remote_addr);
+    rb_hash_aset(env, k_connection, self);
+    *has_host = 0;
+    /* A connection that will see another request keeps these for it: one copy now instead of about
+     * seven hash sets for every request after this one. Made once (again only for another protocol
+     * version): a client that changes its Host has its Host entries set per request. */
+    if (c->keepalive && keepalive_max != 1 && (c->env_base == Qnil || c->env_base_minor != minor)) {
+        c->base_host_len = 0;
+        if (host_fixed) {
+            /* frozen: every request of the connection shares them */
+            set_host(env, req->authority, req->authority_len, req->host_len, v_port80);
+            rb_obj_freeze(rb_hash_aref(env, k_server_name));
+            rb_obj_freeze(rb_hash_aref(env, k_server_port));
+            rb_hash_aset(env, k_http_host, rb_obj_freeze(rb_str_new(host->value, (long)host->value_len)));
+            memcpy(c->base_host, host->value, host->value_len);
+            c->base_host_len = host->value_len;
+            *has_host = 1;
+        }
+        c->env_base = rb_obj_freeze(rb_hash_dup(env));
+        c->env_base_minor = minor;
+    }
+    return env;
+}
+
+/* The Rack env of a request the parser read (req). */
+static VALUE request_env(VALUE self, struct conn *c, const struct bb_request *req)
+{
+    int has_host, https = 0;
+    double now = 0;
+    size_t i;
+    VALUE env = env_start(self, c, req, &has_host);
+
+    c->req_method = method_value(req->method, req->method_len);
+    c->req_path = rb_str_new(req->path, (long)req->path_len);
+    rb_hash_aset(env, k_request_method, c->req_method);
+    rb_hash_aset(env, k_request_uri, rb_str_new(req->target, (long)req->target_len));
+    rb_hash_aset(env, k_path_info, c->req_path);
+    rb_hash_aset(env, k_query_string, req->query ? rb_str_new(req->query, (long)req->query_len) : v_empty);
+    c->request_start = 0;
+    for (i = 0; i < req->num_headers; i++) {
+        const struct bb_header *h = &req->headers[i];
+        if (!(has_host && (int)i == req->host_index)) add_header(env, h);
+        if (bb_settings.trust_forwarded_proto && !https) https = forwarded_https(h);
+        if (h->name_len == 15 && ieq(h->name, 15, "x-request-start")) {
+            if (now == 0) now = wall_now();
+            c->request_start = parse_request_start(h->value, h->value_len, now);
+        }
+    }
+    if (https) rb_hash_aset(env, k_url_scheme, v_https);
+    if (req->authority && !has_host)
+        set_host(env, req->authority, req->authority_len, req->host_len, https ? v_port443 : v_port80);
+    else if (https && has_host && req->host_len == req->authority_len)
+        rb_hash_aset(env, k_server_port, v_port443); /* env_base's Host entries are http's */
+    /* absolute-form: RFC 9112 3.2.2, the target's authority wins over Host. HTTP_HOST says the
+     * same as SERVER_NAME (as in Unicorn), since Rack and Rails take the host from HTTP_HOST. */
+    if (req->flags & BB_F_ABSOLUTE_FORM)
+        rb_hash_aset(env, k_http_host, rb_str_new(req->authority, (long)req->authority_len));
+    return env;
+}
+
 /* parse -> env Hash | nil (need more bytes) | Integer status (reject and close) */
 static VALUE conn_parse(VALUE self)
 {
@@ -683,9 +787,7 @@ static VALUE conn_parse(VALUE self)
     struct bb_header headers[BB_HEADERS_CAP];
     struct bb_request req;
     VALUE env;
-    size_t i;
-    int r, https = 0;
-    double now = 0;
+    int r;
 
     if (c->proxy) return Qfalse; /* the PROXY protocol header comes first: parse_proxy */
     if (c->off == c->len) return Qnil;
@@ -702,36 +804,11 @@ static VALUE conn_parse(VALUE self)
         return INT2FIX(req.status ? req.status : 400);
     }
     c->last_len = 0;
-
-    env = rb_hash_dup(c->template);
-    rb_hash_aset(env, k_request_method, method_value(req.method, req.method_len));
-    rb_hash_aset(env, k_request_uri, rb_str_new(req.target, (long)req.target_len));
-    rb_hash_aset(env, k_path_info, rb_str_new(req.path, (long)req.path_len));
-    rb_hash_aset(env, k_query_string, req.query ? rb_str_new(req.query, (long)req.query_len) : v_empty);
-    rb_hash_aset(env, k_server_protocol, req.minor_version ? v_http11 : v_http10);
-    rb_hash_aset(env, k_http_version, req.minor_version ? v_http11 : v_http10);
-    rb_hash_aset(env, k_remote_addr, c->remote_addr);
-    rb_hash_aset(env, k_connection, self);
-    c->request_start = 0;
-    for (i = 0; i < req.num_headers; i++) {
-        const struct bb_header *h = &headers[i];
-        add_header(env, h);
-        if (bb_settings.trust_forwarded_proto && !https) https = forwarded_https(h);
-        if (h->name_len == 15 && ieq(h->name, 15, "x-request-start")) {
-            if (now == 0) now = wall_now();
-            c->request_start = parse_request_start(h->value, h->value_len, now);
-        }
-    }
-    if (https) rb_hash_aset(env, k_url_scheme, v_https);
-    if (req.authority) set_host(env, req.authority, req.authority_len, req.host_len, https ? v_port443 : v_port80);
-    /* absolute-form: RFC 9112 3.2.2, the target's authority wins over Host. HTTP_HOST says the
-     * same as SERVER_NAME (as in Unicorn), since Rack and Rails take the host from HTTP_HOST. */
-    if (req.flags & BB_F_ABSOLUTE_FORM)
-        rb_hash_aset(env, k_http_host, rb_str_new(req.authority, (long)req.authority_len));
-
-    c->minor = req.minor_version;
     c->keepalive = req.minor_version ? !(req.flags & BB_F_CONN_CLOSE)
                                      : ((req.flags & BB_F_CONN_KEEPALIVE) && !(req.flags & BB_F_CONN_CLOSE));
+
+    env = request_env(self, c, &req);
+    c->minor = req.minor_version;
     c->client_close = !c->keepalive;
     c->head_only = req.method_len == 4 && memcmp(req.method, "HEAD", 4) == 0;
     c->expect_continue = (req.flags & BB_F_EXPECT_CONTINUE) && req.minor_version == 1;
@@ -758,15 +835,34 @@ static VALUE conn_parse(VALUE self)
 /* queue_time -> Float seconds the request has waited for the app: since the worker woke up to the read
  * that completed it (its bytes were there then), or since the proxy's X-Request-Start when that is
  * earlier (it also counts what waited in front of the worker: the listen queue, unread socket bytes). */
-static VALUE conn_queue_time(VALUE self)
+static double queue_seconds(const struct conn *c)
 {
-    struct conn *c = get_conn(self);
     double q = c->woke_at > 0 ? mono_now() - c->woke_at : 0;
     if (c->request_start > 0) {
         double proxy = wall_now() - c->request_start;
         if (proxy > q) q = proxy;
     }
-    return DBL2NUM(q < 0 ? 0 : q);
+    return q < 0 ? 0 : q;
+}
+
+static VALUE conn_queue_time(VALUE self) { return DBL2NUM(queue_seconds(get_conn(self))); }
+
+/* start_app(env) -> Float queue time: the whole request is in and goes to the app. The connection
+ * is BUSY, and env["blackbuck.queue_time"] says how long it waited (queue_time). */
+static VALUE conn_start_app(VALUE self, VALUE env)
+{
+    struct conn *c = get_conn(self);
+    VALUE q = DBL2NUM(queue_seconds(c));
+    __atomic_store_n(&c->state, BB_CONN_BUSY, __ATOMIC_RELAXED);
+    rb_hash_aset(env, k_queue_time, q);
+    return q;
+}
+
+void bb_conn_request_line(VALUE conn, VALUE *method, VALUE *path)
+{
+    struct conn *c = get_conn(conn);
+    *method = c->req_method;
+    *path = c->req_path;
 }
 
 /* body_take -> String with the body bytes buffered now (possibly empty) | Integer status */
@@ -1211,7 +1307,6 @@ static void head_start(struct conn *c, struct head_state *st, int status, VALUE 
  * (Conn.keepalive_policy; 1 = keepalive off) and the worker's stop (Conn.stopping!). A response
  * head says "Connection: close" when one of them ends the connection, and next_request ends it.
  */
-static long keepalive_max; /* requests per connection, then Connection: close; 0 = no cap */
 static int stopping;       /* atomic: app threads write heads too */
 
 static int keepalive_allowed(const struct conn *c)
@@ -1639,6 +1734,7 @@ static VALUE conn_close(VALUE self)
     buf_put(c->buf, c->cap);
     c->buf = NULL;
     c->cap = c->off = c->len = 0;
+    c->env_base = Qnil;
     return Qnil;
 }
 
@@ -1773,6 +1869,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
     rb_define_method(cConn, "queue_time", conn_queue_time, 0);
+    rb_define_method(cConn, "start_app", conn_start_app, 1);
     rb_define_method(cConn, "parse_proxy", conn_parse_proxy, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);
@@ -1841,6 +1938,8 @@ void bb_init_conn(void)
     k_content_length = reg(bb_fstring("CONTENT_LENGTH", 14));
     k_content_type = reg(bb_fstring("CONTENT_TYPE", 12));
     k_connection = reg(bb_fstring("blackbuck.connection", 20));
+    k_early_hints = reg(bb_fstring("rack.early_hints", 16));
+    k_queue_time = reg(bb_fstring("blackbuck.queue_time", 20));
     v_http10 = reg(bb_fstring("HTTP/1.0", 8));
     v_http11 = reg(bb_fstring("HTTP/1.1", 8));
     v_port80 = reg(bb_fstring("80", 2));

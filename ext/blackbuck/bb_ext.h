@@ -70,6 +70,8 @@ enum bb_conn_state {
  * worker's with pidfd_getfd. owner: the caller is the thread that owns the connection (it need not be
  * in the poller). 1 moved, 0 not such a connection, -1 with errno. Called without the GVL by the watcher. */
 int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner);
+/* REQUEST_METHOD and PATH_INFO of the request a Conn parsed last (nil before its first). */
+void bb_conn_request_line(VALUE conn, VALUE *method, VALUE *path);
 
 /* The worker's poller, for the hand-off watcher thread (no Ruby calls, no GVL needed): */
 struct poller;
@@ -86,7 +88,7 @@ void bb_init_handoff(void);
 void bb_init_poller(void);
 void bb_init_scoreboard(void);
 /* Scoreboard#request_start and #request_done, for Handoff's (which wrap them). */
-VALUE bb_scoreboard_request_start(VALUE sb, VALUE idx, VALUE method, VALUE path, VALUE queue);
+VALUE bb_scoreboard_request_start(VALUE sb, VALUE idx, VALUE conn, VALUE queue);
 VALUE bb_scoreboard_request_done(VALUE sb, VALUE idx, VALUE state);
 void bb_init_queue(void);
 

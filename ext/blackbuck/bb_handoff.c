@@ -28,7 +28,7 @@
  * both in one call each: Handoff's request_start and request_done do the scoreboard's too.
  *
  *   Handoff.new(poller, sock_fd, after_seconds, scoreboard); start;
- *   request_start(i, method, path, queue_seconds); request_done(i, state) -> nil | [fd, ...];
+ *   request_start(i, conn, queue_seconds); request_done(i, state) -> nil | [fd, ...];
  *   moved_out -> Integer; stop
  */
 #ifndef _GNU_SOURCE
@@ -320,11 +320,11 @@ static VALUE app_end(struct handoff *h)
     return fds;
 }
 
-/* request_start(i, method, path, queue_seconds): the scoreboard's, then the app may run. */
-static VALUE handoff_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
+/* request_start(i, conn, queue_seconds): the scoreboard's, then the app may run. */
+static VALUE handoff_request_start(VALUE self, VALUE idx, VALUE conn, VALUE queue)
 {
     struct handoff *h = get_handoff(self);
-    bb_scoreboard_request_start(h->scoreboard, idx, method, path, queue);
+    bb_scoreboard_request_start(h->scoreboard, idx, conn, queue);
     app_begin(h);
     return Qnil;
 }
@@ -370,7 +370,7 @@ void bb_init_handoff(void)
     rb_define_alloc_func(c, handoff_alloc);
     rb_define_method(c, "initialize", handoff_init, 4);
     rb_define_method(c, "start", handoff_start, 0);
-    rb_define_method(c, "request_start", handoff_request_start, 4);
+    rb_define_method(c, "request_start", handoff_request_start, 3);
     rb_define_method(c, "request_done", handoff_request_done, 2);
     rb_define_method(c, "moved_out", handoff_moved_out, 0);
     rb_define_method(c, "private_fd_table?", handoff_private_table, 0);

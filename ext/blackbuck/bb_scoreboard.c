@@ -170,11 +170,15 @@ static void show_running(struct sb_slot *s, VALUE method, VALUE path, int64_t st
     s->state = 2;
 }
 
-/* request_start(i, method, path, queue_seconds): state := BUSY (2), start clock, remember what runs,
- * count how long the request waited (the queue histogram). */
-VALUE bb_scoreboard_request_start(VALUE self, VALUE idx, VALUE method, VALUE path, VALUE queue)
+/* request_start(i, conn, queue_seconds): state := BUSY (2), start clock, remember what runs (the
+ * method and path of the request conn parsed last), count how long the request waited (the queue
+ * histogram). */
+VALUE bb_scoreboard_request_start(VALUE self, VALUE idx, VALUE conn, VALUE queue)
 {
     struct sb_slot *s = slot(self, idx);
+    VALUE method, path;
+    bb_conn_request_line(conn, &method, &path);
+    if (NIL_P(method)) method = path = rb_str_new(0, 0); /* (it parsed no request: never, in a worker) */
     show_running(s, method, path, now_us());
     observe(&s->queue, (int64_t)(NUM2DBL(queue) * 1e6));
     return Qnil;
@@ -315,7 +319,7 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "initialize", sb_init, 1);
     rb_define_method(c, "size", sb_size, 0);
     rb_define_method(c, "reset", sb_reset, 2);
-    rb_define_method(c, "request_start", bb_scoreboard_request_start, 4);
+    rb_define_method(c, "request_start", bb_scoreboard_request_start, 3);
     rb_define_method(c, "request_shed", sb_request_shed, 1);
     rb_define_method(c, "histograms", sb_histograms, 1);
     rb_define_method(c, "request_done", bb_scoreboard_request_done, 2);

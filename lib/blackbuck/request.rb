@@ -60,6 +60,13 @@ module Blackbuck
       end
     end
 
+    # The env entry this Request gives every request without a body, for the worker's env templates
+    # when it serves one request at a time (no app threads): one empty, read-only rack.input.
+    def env_defaults
+      @template_input = @empty_input
+      { "rack.input" => @empty_input }.freeze
+    end
+
     def take_spilled
       file = @spilled
       @spilled = nil
@@ -89,14 +96,17 @@ module Blackbuck
 
     def start(conn, env)
       if conn.body_done?
-        # Rack forbids apps to close rack.input; one empty (read-only) input serves every
-        # bodiless request, and a new one replaces it if an app closed it anyway.
+        # Rack forbids apps to close rack.input; one empty (read-only) input, in the env template
+        # (#env_defaults), serves every bodiless request, and a new one replaces it if an app
+        # closed it anyway. App threads give each request its own.
         if @threaded
           env["rack.input"] = StringIO.new(EMPTY)
-        else
+        elsif @template_input.closed?
           @empty_input = StringIO.new(EMPTY) if @empty_input.closed?
           @empty_input.rewind
           env["rack.input"] = @empty_input
+        else
+          @template_input.rewind
         end
         return env
       end

@@ -36,14 +36,27 @@ module Blackbuck
       @logger = logger
       @timeout = config[:timeout]
       @file_redirect = FileRedirect.for(config) # X-Sendfile / X-Accel-Redirect, when configured
+      @finished = nil
+    end
+
+    # The env entries this Response gives every request, for the worker's env templates when one
+    # Response serves the worker's requests one at a time (no app threads): then a request's env has
+    # them from the start (C copies the template) and #handle sets none of them. rack.early_hints is
+    # HTTP/1.1's (C takes it out of an HTTP/1.0 request's env); rack.response_finished is one Array,
+    # emptied after each request's callbacks ran.
+    def env_defaults
+      @finished = []
+      { HIJACK => @hooks, EARLY_HINTS => @hooks.early_hints, RESPONSE_FINISHED => @finished }.freeze
     end
 
     def handle(conn, env)
-      finished = env[RESPONSE_FINISHED] = []
       hooks = @hooks
       hooks.start(conn, env)
-      env[HIJACK] = hooks
-      env[EARLY_HINTS] = hooks.early_hints if env["SERVER_PROTOCOL"] == "HTTP/1.1"
+      unless (finished = @finished) # app threads: each request its own
+        finished = env[RESPONSE_FINISHED] = []
+        env[HIJACK] = hooks
+        env[EARLY_HINTS] = hooks.early_hints if env["SERVER_PROTOCOL"] == "HTTP/1.1"
+      end
       status = headers = body = error = nil
       begin
         status, headers, body = @app.call(env)
@@ -64,12 +77,8 @@ module Blackbuck
       @logger.exception("request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
       TIMED_OUT_CLOSE # the response is cut short: the client sees it end early
     ensure
-      close_body(body)
-      finished&.each do |cb|
-        cb.call(env, status, headers, error)
-      rescue StandardError => e
-        @logger.exception("rack.response_finished callback", e)
-      end
+      close_body(body) if body.respond_to?(:close)
+      run_finished(finished, env, status, headers, error) unless finished.nil? || finished.empty?
     end
 
     private
@@ -180,9 +189,19 @@ module Blackbuck
     end
 
     def close_body(body)
-      body.close if body.respond_to?(:close)
+      body.close
     rescue StandardError => e
       @logger.exception("body.close", e)
+    end
+
+    def run_finished(finished, env, status, headers, error)
+      finished.each do |cb|
+        cb.call(env, status, headers, error)
+      rescue StandardError => e
+        @logger.exception("rack.response_finished callback", e)
+      end
+    ensure
+      finished.clear
     end
 
     # The stream handed to a Rack 3 callable body: writes go out framed (chunked when needed).

@@ -89,6 +89,9 @@ module Blackbuck
       @oob_gc_auto = config[:oob_gc_auto]
       @max_rss_kib = config[:max_memory_per_child]
       @max_queue_time = config[:max_queue_time]
+      @shed = @max_queue_time.positive?
+      # #counted has more to do than count only with one of these
+      @count_hooks = @oob_gc.positive? || @oob_gc_auto || @requests_limit.positive?
       @woke_at = now
       @request = Request.new(config, logger)
       @response = Response.new(config, app, logger, method(:hand_over))
@@ -101,9 +104,10 @@ module Blackbuck
       # Each listener as #accept_from needs it, looked up once: [fd, env template, tcp, proxy_protocol,
       # index, seconds its connections have for their first head].
       @listener_by_fd = {}
+      @templates = env_templates
       @listeners.each_with_index do |l, i|
         seconds = l.proxy_protocol? ? @proxy_header_timeout : @header_timeout
-        @listener_by_fd[l.fd] = [l.fd, l.env_template(@rack_version, @multithread), l.tcp?, l.proxy_protocol?, i, seconds].freeze
+        @listener_by_fd[l.fd] = [l.fd, @templates[i], l.tcp?, l.proxy_protocol?, i, seconds].freeze
         @poller.add(l.fd, Native::Poller::EXCLUSIVE)
       end
       @poller.add(@control.fileno, IN)
@@ -125,14 +129,13 @@ module Blackbuck
     # A whole request (head and body) is in: run the app, answer. True when the next request is
     # read already and may be served now (#progress).
     def serve(conn, env)
-      queued = env[QUEUE_TIME] = conn.queue_time
-      return shed(conn) if @max_queue_time.positive? && queued > @max_queue_time
+      queued = conn.start_app(env) # BUSY; env[QUEUE_TIME]
+      return shed(conn) if @shed && queued > @max_queue_time
       return dispatch(conn, env, queued) if @pool
 
-      conn.state = BUSY
       # The scoreboard's request_start/request_done, through the hand-off watcher when there is one
       # (it may move this worker's waiting connections in between).
-      @app_gate.request_start(@index, env["REQUEST_METHOD"], env["PATH_INFO"], queued)
+      @app_gate.request_start(@index, conn, queued)
       @in_app = true
       begin
         mode = @response.handle(conn, env)
@@ -143,7 +146,8 @@ module Blackbuck
         @request.take_spilled.close! if @request.spilled
       end
       counted
-      return answered(conn, mode) if mode == Response::DONE || mode == Response::WRITTEN
+      return finish_response(conn) if mode == Response::DONE
+      return answered(conn, mode) if mode == Response::WRITTEN
 
       after_response(conn, mode)
     end
@@ -248,8 +252,19 @@ module Blackbuck
         @handoff.start
       end
       @handoff_fd = receiver.fileno
-      @listener_info = @listeners.map { |l| [l.env_template(@rack_version, @multithread), l.tcp?].freeze }.freeze
+      @listener_info = @listeners.each_with_index.map { |l, i| [@templates[i], l.tcp?].freeze }.freeze
       handoff_intake(true)
+    end
+
+    # Each listener's env template, which C copies for every request it parses. Without app threads
+    # the worker's one Request and Response add the entries they give every request (rack.input,
+    # rack.hijack, rack.early_hints, rack.response_finished), so no request sets them.
+    def env_templates
+      defaults = @request.env_defaults.merge(@response.env_defaults) unless @multithread
+      @listeners.map do |l|
+        template = l.env_template(@rack_version, @multithread)
+        defaults ? template.merge(defaults).freeze : template
+      end
     end
 
     # --threads N > 1: the app runs on N threads of this worker (AppPool); this thread keeps the loop.
@@ -264,8 +279,7 @@ module Blackbuck
     # A complete request goes to the app threads. Until it comes back (#finished) the connection is
     # theirs: out of the poller and of the timeouts (#expire skips BUSY).
     def dispatch(conn, env, queued)
-      conn.state = BUSY
-      unwatch(conn)
+      unwatch(conn) # (serve made it BUSY)
       @busy += 1
       @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, @request.take_spilled, @woke_at))
       publish_free if @busy <= @threads
@@ -338,6 +352,8 @@ module Blackbuck
     # One more request served: OOB GC, and the recycling limit.
     def counted
       @served += 1
+      return unless @count_hooks
+
       @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
       begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
     end
@@ -521,7 +537,7 @@ module Blackbuck
 
       r = conn.fill(@woke_at)
       return if r.nil?
-      return drop(conn) if r.zero?
+      return drop(conn) if r == 0 # (== 0: no method call on the hot path)
 
       progress(conn, state)
     end

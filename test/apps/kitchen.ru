@@ -29,6 +29,9 @@ run lambda { |env|
     info = env.select { |_k, v| v.is_a?(String) }
     info["connection.id"] = env["blackbuck.connection"].object_id.to_s
     info["worker.pid"] = Process.pid.to_s
+    info["rack.early_hints?"] = env.key?("rack.early_hints").to_s
+    info["rack.response_finished.size"] = env["rack.response_finished"].size.to_s # callbacks before the app's
+    env["rack.response_finished"] << ->(*) {} # one more: the next request must not see it
     [200, { "content-type" => "application/json" }, [JSON.generate(info)]]
   when "/each" then [200, { "content-type" => "text/plain" }, EachBody.new(%w[a bb ccc])]
   when "/each-raise" # fails after the head and a first chunk went out
@@ -85,6 +88,9 @@ run lambda { |env|
   when "/finished"
     env["rack.response_finished"] << ->(*) { File.write(ENV["BB_FINISHED_MARK"], "finished") }
     [200, {}, ["ok"]]
+  when "/close-input" # Rack forbids it; an app may do it anyway
+    env["rack.input"].close
+    [200, {}, ["closed"]]
   when "/early"
     env["rack.early_hints"].call({ "link" => ["</a.css>; rel=preload", "</b.js>; rel=preload"] })
     [200, {}, ["after hints"]]

@@ -246,6 +246,69 @@ class HTTPTest < ServerTest
     io&.close
   end
 
+  # A keep-alive connection's requests share what does not change between them (REMOTE_ADDR, the
+  # protocol, the listener's entries: copied from one env to the next), and nothing else: headers,
+  # query and callbacks are each request's own, and a request of another HTTP version gets its own.
+  def test_each_request_on_a_keepalive_connection_has_its_own_env
+    %i[tcp unix].each do |transport|
+      io = @server.public_send(transport)
+      first = JSON.parse(request(io, "GET", "/env?one=1", headers: { "X-Thing" => "v1" }).body)
+      io.write("GET /env HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+      old = JSON.parse(read_response(io).body)
+      second = JSON.parse(request(io, "GET", "/env").body)
+      assert_equal [first["connection.id"]] * 2, [old, second].map { |e| e["connection.id"] }, "one connection"
+      assert_equal %w[HTTP/1.1 HTTP/1.0 HTTP/1.1], [first, old, second].map { |e| e["SERVER_PROTOCOL"] }
+      assert_equal %w[HTTP/1.1 HTTP/1.0 HTTP/1.1], [first, old, second].map { |e| e["HTTP_VERSION"] }
+      assert_equal %w[true false true], [first, old, second].map { |e| e["rack.early_hints?"] },
+                   "103 Early Hints are offered to HTTP/1.1 requests only"
+      assert_equal %w[0 0 0], [first, old, second].map { |e| e["rack.response_finished.size"] },
+                   "no request sees the callbacks of the one before"
+      assert_equal ["one=1", "", ""], [first, old, second].map { |e| e["QUERY_STRING"] }
+      assert_equal ["v1", nil, nil], [first, old, second].map { |e| e["HTTP_X_THING"] }
+      assert_equal [first["REMOTE_ADDR"]] * 2, [old, second].map { |e| e["REMOTE_ADDR"] }
+    ensure
+      io&.close
+    end
+  end
+
+  # The Host entries a connection's first request made are reused only for the same Host: a client
+  # that changes Host, sends an absolute-form target or X-Forwarded-Proto gets entries of its own.
+  def test_host_entries_follow_each_request_on_a_keepalive_connection
+    io = @server.tcp
+    env = lambda do |target = "/env", headers = {}|
+      JSON.parse(request(io, "GET", target, headers: headers).body).values_at("HTTP_HOST", "SERVER_NAME", "SERVER_PORT",
+                                                                              "rack.url_scheme")
+    end
+    assert_equal ["a.example:8080", "a.example", "8080", "http"], env.call("/env", "Host" => "a.example:8080")
+    assert_equal ["a.example:8080", "a.example", "8080", "http"], env.call("/env", "Host" => "a.example:8080")
+    assert_equal ["b.example", "b.example", "80", "http"], env.call("/env", "Host" => "b.example")
+    assert_equal ["a.example:8080", "a.example", "8080", "http"], env.call("/env", "Host" => "a.example:8080")
+    assert_equal ["c.example:81", "c.example", "81", "http"], env.call("http://c.example:81/env", "Host" => "a.example:8080")
+    io.close
+
+    io = @server.tcp
+    assert_equal ["a.example", "a.example", "80", "http"], env.call("/env", "Host" => "a.example")
+    assert_equal ["a.example", "a.example", "443", "https"], env.call("/env", "Host" => "a.example", "X-Forwarded-Proto" => "https")
+    assert_equal ["a.example", "a.example", "80", "http"], env.call("/env", "Host" => "a.example")
+  ensure
+    io&.close
+  end
+
+  # Bodiless requests share one empty rack.input; an app that closes it (Rack forbids it) does not
+  # break the requests after it.
+  def test_an_app_that_closes_an_empty_rack_input_breaks_no_later_request
+    server = start_server(["-l", "127.0.0.1:0", "-w", "1"], app: "kitchen.ru")
+    io = server.tcp
+    assert_equal "closed", request(io, "GET", "/close-input").body
+    2.times do
+      res = request(io, "GET", "/echo")
+      assert_equal [200, ""], [res.status, res.body], "the next request reads an open, empty input"
+    end
+    assert_equal "posted", request(io, "POST", "/echo", body: "posted").body
+  ensure
+    io&.close
+  end
+
   # Common field names and methods come from a table interned at load; any spelling of a name
   # maps to the same key, and names that are not in the table still work.
   def test_header_names_in_any_case_and_methods_map_to_their_env_keys

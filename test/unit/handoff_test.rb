@@ -45,6 +45,21 @@ class HandoffUnitTest < Minitest::Test
     [conn, client]
   end
 
+  # The connection whose request the app runs (request_start shows its method and path): it has
+  # read and parsed `GET path`. One per test.
+  def app_conn(path = "/")
+    @app_conn ||= begin
+      @clients << (client = UNIXSocket.new("#{@dir}/s"))
+      conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, 0)
+      @conns << conn
+      client.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n")
+      Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
+      assert_kind_of Hash, conn.parse
+      conn.state = Native::Conn::BUSY
+      conn
+    end
+  end
+
   # End of input or a reset (the socket was closed with the client's request unread).
   def closed?(client)
     Timeout.timeout(5) { client.read }
@@ -60,7 +75,7 @@ class HandoffUnitTest < Minitest::Test
     client.write("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
     sleep AFTER * 10
     assert_nil Native::Conn.receive(@receiver.fileno, []), "nothing moves while no app runs"
-    @handoff.request_start(0, "GET", "/slow", 0.0)
+    @handoff.request_start(0, app_conn("/slow"), 0.0)
     assert_equal [2, "GET", "/slow"], @scoreboard.read(0).values_at(1, 6, 7), "the scoreboard's request_start too"
     sleep AFTER * 20 # the app runs long
     moved = @handoff.request_done(0, 0)
@@ -89,11 +104,11 @@ class HandoffUnitTest < Minitest::Test
     pairs = Array.new(3) { idle_conn }
     pairs.each { |_, client| client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
     sleep 0.01
-    @handoff.request_start(0, "GET", "/", 0.0)
+    @handoff.request_start(0, app_conn, 0.0)
     sleep AFTER * 1.5 # one turn at most
     first = @handoff.request_done(0, 0) || []
     assert_operator first.size, :<=, 1, "moved at once: #{first.inspect}"
-    @handoff.request_start(0, "GET", "/", 0.0)
+    @handoff.request_start(0, app_conn, 0.0)
     sleep AFTER * 30
     rest = @handoff.request_done(0, 0) || []
     assert_equal pairs.map { |c, _| c.fd }.sort, (first + rest).sort, "the others went one by one"
@@ -111,7 +126,7 @@ class HandoffUnitTest < Minitest::Test
     sleep 0.05
     assert_operator buffered.fill(0.0), :>, 0 # read into user space: a pipelined request
     buffered_client.write("X") # and still readable
-    @handoff.request_start(0, "GET", "/", 0.0)
+    @handoff.request_start(0, app_conn, 0.0)
     sleep AFTER * 20
     assert_nil @handoff.request_done(0, 0)
     refute busy.moved?
@@ -185,8 +200,8 @@ class HandoffUnitTest < Minitest::Test
   def test_request_done_without_request_start_returns_at_once
     Timeout.timeout(5) do
       assert_nil @handoff.request_done(0, 0)
-      @handoff.request_start(0, "GET", "/", 0.0)
-      @handoff.request_start(0, "GET", "/", 0.0) # twice: the lock is released once
+      @handoff.request_start(0, app_conn, 0.0)
+      @handoff.request_start(0, app_conn, 0.0) # twice: the lock is released once
       assert_nil @handoff.request_done(0, 0)
       assert_nil @handoff.request_done(0, 0)
     end
@@ -196,7 +211,7 @@ class HandoffUnitTest < Minitest::Test
     conn, client = idle_conn(listener_index: 7)
     client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     sleep 0.01
-    @handoff.request_start(0, "GET", "/", 0.0)
+    @handoff.request_start(0, app_conn, 0.0)
     sleep AFTER * 20
     assert_equal [conn.fd], @handoff.request_done(0, 0)
     conn.close
