@@ -51,7 +51,7 @@ module Blackbuck
       end
     end
 
-    # Whether one more request may wait here for a thread (the worker keeps QUEUE_MAX at most): only
+    # Whether one more request may wait here for a thread (the worker keeps one round at most): only
     # while fewer wait than there are threads running a request younger than a typical one. A thread
     # held by a long request (older than that) is not counted, so a fast request does not queue
     # behind slow ones: it goes to the hand-off socket, for whichever worker frees a thread first.

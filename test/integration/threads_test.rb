@@ -127,7 +127,7 @@ class ThreadsTest < ServerTest
   end
 
   # Requests that typically run 0.3 s: a fast request arriving while both threads of a worker run
-  # younger ones waits in that worker's queue for the next free thread (Worker::QUEUE_MAX). The other
+  # younger ones waits in that worker's queue for the next free thread (Worker#full?). The other
   # worker has free threads, so once it has waited handoff_after it moves there, already read and
   # parsed: its bytes travel with the connection, and the other worker answers it long before the
   # slow ones end. The connection stays open there; /status counts the move.
