@@ -704,15 +704,11 @@ static VALUE env_start(VALUE self, struct conn *c, const struct bb_request *req,
     int host_fixed = host && host->value_len > 0 && host->value_len <= BB_BASE_HOST_MAX && !(req->flags & BB_F_ABSOLUTE_FORM);
     VALUE env;
 
-    if (c->env_base != Qnil && c->env_base_minor == minor) {
-        if (!c->base_host_len) {
-            *has_host = 0;
-            return rb_hash_dup(c->env_base);
-        }
-        if (host_fixed && host->value_len == c->base_host_len && memcmp(host->value, c->base_host, c->base_host_len) == 0) {
-            *has_host = 1;
-            return rb_hash_dup(c->env_base);
-        }
+    if (c->env_base != Qnil && c->env_base_minor == minor &&
+        (!c->base_host_len || (host_fixed && host->value_len == c->base_host_len &&
+                               memcmp(host->value, c->base_host, c->base_host_len) == 0))) {
+        *has_host = c->base_host_len > 0;
+        return rb_hash_dup(c->env_base);
     }
     env = rb_hash_dup(c->template);
     /* 103 Early Hints is HTTP/1.1's: an HTTP/1.0 request gets no rack.early_hints, even when the
@@ -832,7 +828,7 @@ static VALUE conn_parse(VALUE self)
     return env;
 }
 
-/* queue_time -> Float seconds the request has waited for the app: since the worker woke up to the read
+/* Seconds the request has waited for the app: since the worker woke up to the read
  * that completed it (its bytes were there then), or since the proxy's X-Request-Start when that is
  * earlier (it also counts what waited in front of the worker: the listen queue, unread socket bytes). */
 static double queue_seconds(const struct conn *c)
@@ -844,8 +840,6 @@ static double queue_seconds(const struct conn *c)
     }
     return q < 0 ? 0 : q;
 }
-
-static VALUE conn_queue_time(VALUE self) { return DBL2NUM(queue_seconds(get_conn(self))); }
 
 /* start_app(env) -> Float queue time: the whole request is in and goes to the app. The connection
  * is BUSY, and env["blackbuck.queue_time"] says how long it waited (queue_time). */
@@ -1868,7 +1862,6 @@ void bb_init_conn(void)
     rb_define_singleton_method(cConn, "receive", conn_s_receive, 2);
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
-    rb_define_method(cConn, "queue_time", conn_queue_time, 0);
     rb_define_method(cConn, "start_app", conn_start_app, 1);
     rb_define_method(cConn, "parse_proxy", conn_parse_proxy, 0);
     rb_define_method(cConn, "parse", conn_parse, 0);

@@ -93,7 +93,7 @@ class HandoffUnitTest < Minitest::Test
     assert_equal "one", env["test.listener"], "its listener's env template"
     assert_equal "/next", env["PATH_INFO"]
     assert_equal "127.0.0.1", env["REMOTE_ADDR"]
-    assert_operator got.queue_time, :>=, AFTER, "queue time counts from when the mover saw it waiting"
+    assert_operator got.start_app({}), :>=, AFTER, "queue time counts from when the mover saw it waiting"
     got.write_response(200, { "content-length" => "2" }, ["ok"], false)
     assert_match(/\AHTTP\/1.1 200 .*\r\n\r\nok\z/m, client.readpartial(1024))
     got.close
