@@ -370,11 +370,42 @@ static void pass_record(const struct conn *c, struct bb_pass *p, double ready_at
     memcpy(p->addr, c->peer, sizeof(p->addr));
 }
 
+/* Hand-off sends that failed other than for a full queue (the connection stays with its worker either
+ * way: nothing was sent). Each is counted in the worker's scoreboard slot at once; a run of them, until
+ * a send goes through, is logged once by bb_conn_pass_report, from a thread that may call Ruby. */
+static int pass_failing;        /* atomic: errno of the current run's first failure; 0: moves go through */
+static int pass_failing_logged; /* atomic: the current run is logged */
+
+/* After a hand-off send: r and err are what bb_pass_send (or pidfd_getfd) returned and set. */
+static void pass_sent(int r, int err)
+{
+    int none = 0;
+    if (r == 0) {
+        if (__atomic_load_n(&pass_failing, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&pass_failing, 0, __ATOMIC_RELAXED);
+            __atomic_store_n(&pass_failing_logged, 0, __ATOMIC_RELAXED);
+        }
+        return;
+    }
+    if (err == EAGAIN) return; /* a full queue: the connection waits here for this worker, by design */
+    bb_scoreboard_handoff_failed(BB_HANDOFF_SEND_FAILED);
+    __atomic_compare_exchange_n(&pass_failing, &none, err ? err : EIO, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+}
+
+void bb_conn_pass_report(void)
+{
+    int err = __atomic_load_n(&pass_failing, __ATOMIC_RELAXED);
+    if (!err || __atomic_exchange_n(&pass_failing_logged, 1, __ATOMIC_RELAXED)) return;
+    bb_warn(rb_sprintf("hand-off: a connection could not move to another worker (%s); it stays with this one "
+                       "(counted in blackbuck_handoff_failures_total{reason=\"send\"}; logged once until a move "
+                       "goes through)", strerror(err)));
+}
+
 int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
 {
     struct conn *c;
     struct bb_pass p;
-    int r = 0, send_fd = fd;
+    int r = 0, send_fd = fd, err = 0;
     pthread_mutex_lock(&table_lock);
     c = fd >= 0 && fd < by_fd_cap ? by_fd[fd] : NULL;
     if (c && c->fd == fd && !c->moved && __atomic_load_n(&c->state, __ATOMIC_RELAXED) == BB_CONN_IDLE &&
@@ -383,8 +414,14 @@ int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
 #ifdef SYS_pidfd_getfd
         if (pidfd >= 0) send_fd = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
 #endif
-        if (send_fd >= 0 && request_waiting(send_fd)) {
+        if (send_fd < 0) { /* the socket could not be taken to send (EMFILE in the watcher's table...) */
+            err = errno;
+            r = -1;
+            pass_sent(r, err);
+        } else if (request_waiting(send_fd)) {
             r = bb_pass_send(sock, send_fd, &p, NULL, 0);
+            err = errno;
+            pass_sent(r, err);
             if (r == 0) {
                 c->moved = 1;
                 r = 1;
@@ -393,25 +430,60 @@ int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner)
         if (send_fd != fd && send_fd >= 0) close(send_fd); /* the message holds the socket now */
     }
     pthread_mutex_unlock(&table_lock);
+    if (owner && r < 0) bb_conn_pass_report(); /* the loop thread: it may log */
+    if (r < 0) errno = err;
     return r;
 }
 
+/* Descriptors a worker keeps free when it takes a moved connection (for what the app and the
+ * responses open: files, spill files, file bodies). With fewer it leaves the connection queued for a
+ * worker with room (Conn.receive). */
+#define BB_RECEIVE_FD_RESERVE 32
+
 /*
- * Conn.receive(sock_fd, listeners) -> a connection another worker moved here, nil when none is
- * queued, or false for a message that could not be used (its socket is closed). listeners: for
- * each listener index, [env_template, tcp].
+ * Conn.receive(sock_fd, listeners, wake_fd = nil) -> a connection another worker moved here, nil
+ * when none is queued, or false for a message that could not be used (its socket is closed).
+ * listeners: for each listener index, [env_template, tcp]. wake_fd: the hand-off socket's send end.
+ * Raises Errno::EMFILE (or ENFILE) when this worker has fewer than BB_RECEIVE_FD_RESERVE descriptors
+ * free (bb_pass_room) and something is queued: nothing is taken, a connection stays queued for
+ * another worker, and the wake-up this worker took for it goes to the others (bb_pass_wake; the
+ * caller stops polling the socket). Raises Errno::ECONNABORTED when the kernel dropped the socket
+ * anyway (the table filled up in between): that connection is lost. Both are counted in the
+ * worker's scoreboard slot.
  */
-static VALUE conn_s_receive(VALUE klass, VALUE sock, VALUE listeners)
+static VALUE conn_s_receive(int argc, VALUE *argv, VALUE klass)
 {
     static char carried[BB_PASS_BYTES_MAX]; /* the loop thread's alone */
     size_t carried_len = 0;
     struct bb_pass p;
-    VALUE entry, addr, obj;
+    VALUE sock, listeners, wake, entry, addr, obj;
     struct conn *c;
-    int fd = bb_pass_recv(NUM2INT(sock), &p, carried, sizeof(carried), &carried_len);
+    int fd, next;
+    rb_scan_args(argc, argv, "21", &sock, &listeners, &wake);
+    /* A look first (one syscall, as the receive it replaces when nothing is queued: callers try
+     * often), then the room check (a dup, a close, a getrlimit) only for a message. */
+    next = bb_pass_next(NUM2INT(sock));
+    if (next == BB_PASS_NEXT_NONE) return Qnil;
+    if (!bb_pass_room(NUM2INT(sock), BB_RECEIVE_FD_RESERVE)) {
+        int err = errno;
+        if (next == BB_PASS_NEXT_CONN) {
+            bb_scoreboard_handoff_failed(BB_HANDOFF_REFUSED);
+            if (!NIL_P(wake)) bb_pass_wake(NUM2INT(wake)); /* (a full queue wakes them anyway) */
+        }
+        errno = err;
+        rb_sys_fail("no descriptor free to take a moved connection");
+    }
+    fd = bb_pass_recv(NUM2INT(sock), &p, carried, sizeof(carried), &carried_len);
     if (fd < 0) {
         if (errno == EAGAIN) return Qnil;
         if (errno == EBADMSG) return Qfalse;
+        if (errno == ECONNABORTED) {
+            VALUE what = rb_sprintf("the kernel dropped a moved connection (from %s): no descriptor free",
+                                    p.addr[0] ? p.addr : "a UNIX socket");
+            bb_scoreboard_handoff_failed(BB_HANDOFF_LOST);
+            errno = ECONNABORTED;
+            rb_sys_fail_str(what);
+        }
         rb_sys_fail("receiving a moved connection");
     }
     Check_Type(listeners, T_ARRAY);
@@ -1703,17 +1775,21 @@ static VALUE conn_pass_request(VALUE self, VALUE sock)
 {
     struct conn *c = get_conn(self);
     struct bb_pass p;
-    int r;
+    int r, err;
     if (c->fd < 0 || c->moved || c->replay_len == 0 || c->replay_len > BB_PASS_BYTES_MAX || c->len != 0 ||
         queued(c) || c->file_fd >= 0 || c->proxy)
         return Qfalse;
     pass_record(c, &p, c->woke_at > 0 ? c->woke_at : mono_now());
     pthread_mutex_lock(&table_lock); /* the watcher thread reads moved under it */
     r = bb_pass_send(NUM2INT(sock), c->fd, &p, c->buf + c->replay_off, c->replay_len);
+    err = errno;
+    pass_sent(r, err);
     if (r == 0) c->moved = 1;
     pthread_mutex_unlock(&table_lock);
     if (r == 0) return Qtrue;
-    return errno == EAGAIN ? Qnil : Qfalse;
+    if (err == EAGAIN) return Qnil;
+    bb_conn_pass_report(); /* a failed send (counted): the request stays queued here */
+    return Qfalse;
 }
 
 /* close: at once (the client is gone, or a staged close is over). */
@@ -1762,16 +1838,18 @@ static void conn_next(struct conn *c)
 
 /*
  * next_request(keepalive_seconds) -> the bytes of the next request already read (Integer), or nil
- * when the connection ends with this response (its head said "Connection: close", or the worker
- * is stopping). Otherwise the connection is IDLE for keepalive_seconds from now (its deadline, on
- * the clock of Process.clock_gettime(Process::CLOCK_MONOTONIC)).
+ * when the connection ends with this response (its head said "Connection: close"). Otherwise the
+ * connection is IDLE for keepalive_seconds from now (its deadline, on the clock of
+ * Process.clock_gettime(Process::CLOCK_MONOTONIC)). A head that promised keep-alive is kept to
+ * even when the worker began to stop after it was written: the client may send its next request
+ * at once, and a stopping worker answers it (with "Connection: close").
  */
 static VALUE conn_next_request(VALUE self, VALUE keepalive_seconds)
 {
     struct conn *c = get_conn(self);
     struct timespec ts;
     conn_next(c);
-    if (!c->keepalive || __atomic_load_n(&stopping, __ATOMIC_RELAXED)) return Qnil;
+    if (!c->keepalive) return Qnil;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     __atomic_store_n(&c->state, BB_CONN_IDLE, __ATOMIC_RELAXED);
     c->deadline = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9 + NUM2DBL(keepalive_seconds);
@@ -1859,7 +1937,7 @@ void bb_init_conn(void)
     rb_define_alloc_func(cConn, conn_alloc);
     rb_define_singleton_method(cConn, "accept", conn_s_accept, -1);
     rb_define_singleton_method(cConn, "spill_probe", conn_s_spill_probe, 0);
-    rb_define_singleton_method(cConn, "receive", conn_s_receive, 2);
+    rb_define_singleton_method(cConn, "receive", conn_s_receive, -1);
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
     rb_define_method(cConn, "start_app", conn_start_app, 1);

@@ -90,6 +90,18 @@ void bb_init_scoreboard(void);
 /* Scoreboard#request_start and #request_done, for Handoff's (which wrap them). */
 VALUE bb_scoreboard_request_start(VALUE sb, VALUE idx, VALUE conn, VALUE queue);
 VALUE bb_scoreboard_request_done(VALUE sb, VALUE idx, VALUE state);
+/* Why a move between workers did not happen (Scoreboard::HANDOFF_FAILURES names them, in this order). */
+enum bb_handoff_failure {
+    BB_HANDOFF_REFUSED = 0,   /* the receiver had too few descriptors free: it left the connection queued */
+    BB_HANDOFF_SEND_FAILED,   /* the send failed (not a full queue): the connection stayed with its worker */
+    BB_HANDOFF_LOST,          /* the kernel dropped the socket at the receiver (no descriptor free): reset */
+    BB_HANDOFF_FAILURE_KINDS
+};
+/* Counts one in this worker's own scoreboard slot (none before Scoreboard#reset). Any thread, no GVL. */
+void bb_scoreboard_handoff_failed(int why);
+/* With the GVL: logs a run of failed hand-off sends once, when one began since the last move that
+ * went through (bb_conn_pass may fail on the watcher thread, which cannot log). */
+void bb_conn_pass_report(void);
 void bb_init_queue(void);
 
 #endif

@@ -149,7 +149,9 @@ static void move_waiting(struct handoff *h, int64_t t)
         n = bb_poller_peek(h->pl, fds, BB_HANDOFF_PEEK_MAX);
         for (i = 0; i < n && h->nmoved < BB_HANDOFF_MOVED_MAX && turn < BB_HANDOFF_MOVES_PER_TURN; i++) {
             int r = bb_conn_pass(fds[i], h->pidfd, h->sock, (double)t / 1e9, 0);
-            if (r < 0) break; /* the queue is full (or gone): the rest wait here */
+            /* The queue is full, or the send failed (counted, and logged at request_done): it and
+             * the rest stay here. */
+            if (r < 0) break;
             if (r == 0) continue; /* a listener, the control pipe, a connection mid-request */
             /* Unregistered now, so the next look does not see it again; with a private table the
              * number is not ours to unregister: the moved flag skips it, app_end's caller deletes it. */
@@ -329,12 +331,14 @@ static VALUE handoff_request_start(VALUE self, VALUE idx, VALUE conn, VALUE queu
     return Qnil;
 }
 
-/* request_done(i, state) -> nil | [fd, ...]: the app is done (app_end), then the scoreboard's. */
+/* request_done(i, state) -> nil | [fd, ...]: the app is done (app_end), then the scoreboard's; a run
+ * of sends the watcher could not make meanwhile is logged (once: bb_conn_pass_report). */
 static VALUE handoff_request_done(VALUE self, VALUE idx, VALUE state)
 {
     struct handoff *h = get_handoff(self);
     VALUE moved = app_end(h);
     bb_scoreboard_request_done(h->scoreboard, idx, state);
+    bb_conn_pass_report();
     return moved;
 }
 

@@ -38,11 +38,34 @@ struct bb_pass {
  * BB_PASS_BYTES_MAX, else the failure. */
 int bb_pass_send(int sock, int fd, const struct bb_pass *p, const char *bytes, size_t len);
 
-/* Takes one connection off sock without blocking: its fd (close-on-exec), *p, and the bytes it
- * carries into bytes (room for cap), their count into *len.
+/* Takes one connection off sock without blocking (wake-ups before it are taken and skipped): its fd
+ * (close-on-exec), *p, and the bytes it carries into bytes (room for cap), their count into *len.
  * -1 with errno: EAGAIN when nothing is queued; EBADMSG for a message that is not a whole
  * bb_pass with exactly one fd, or carries more than cap bytes (every fd it carried is closed);
- * else the failure. */
+ * ECONNABORTED when the message was whole but the kernel could not give this process a descriptor
+ * for its socket (MSG_CTRUNC: the table was full) and dropped it, *p filled (the connection is
+ * lost: take only after bb_pass_room); else the failure. */
 int bb_pass_recv(int sock, struct bb_pass *p, char *bytes, size_t cap, size_t *len);
+
+/* Whether this process may take a connection now and keep `reserve` descriptors free besides: 1
+ * when its lowest free descriptor number is more than `reserve` below its soft RLIMIT_NOFILE (the
+ * kernel hands out the lowest free number, so in a table without holes that number is the count of
+ * open descriptors); 0 with errno EMFILE when it is not, or with the errno of the failure when no
+ * descriptor can be made at all (EMFILE, ENFILE). Costs a dup, a close and a getrlimit: no /proc.
+ * fd: any open descriptor (duplicated once to find the lowest free number). */
+int bb_pass_room(int fd, int reserve);
+
+/* A receiver that leaves a connection queued (no room) took the one wake-up the kernel gives for it
+ * (receivers poll with EPOLLEXCLUSIVE): once it has stopped polling, it passes the wake-up on to the
+ * others with this message of no connection, which bb_pass_recv skips. Sent on the send end, without
+ * blocking. 0 sent; -1 with errno (EAGAIN: the queue is full, and its receivers have plenty to wake for). */
+int bb_pass_wake(int sock);
+
+/* What is next on sock, without taking it (and without making a descriptor): */
+#define BB_PASS_NEXT_NONE 0 /* nothing is queued */
+#define BB_PASS_NEXT_CONN 1 /* a connection (or a malformed message: bb_pass_recv says which) */
+#define BB_PASS_NEXT_WAKE 2 /* a wake-up (bb_pass_wake) */
+/* -1 with errno on failure. */
+int bb_pass_next(int sock);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 #define SB_METHOD_MAX 16
@@ -42,6 +43,9 @@ struct sb_slot {
     uint64_t shed;        /* requests answered 503 by max_queue_time instead of the app */
     uint64_t moved_out;   /* connections the hand-off watcher moved to another worker (Native::Handoff) */
     uint64_t moved_in;    /* connections taken off the hand-off socket */
+    /* Moves that did not happen, by why (enum bb_handoff_failure); counted by the worker's threads
+     * with atomic adds (bb_scoreboard_handoff_failed), read with atomic loads */
+    uint64_t handoff_failures[BB_HANDOFF_FAILURE_KINDS];
     int32_t free_threads; /* app threads with no request (--threads): siblings move waiting requests here */
     struct sb_hist queue;    /* seconds from ready to the app's start (Conn#queue_time) */
     struct sb_hist duration; /* seconds in the app and writing its answer */
@@ -54,9 +58,15 @@ struct scoreboard {
     long n;
 };
 
+/* A worker's own slot, from its reset on: where C code that holds no Ruby object (the hand-off
+ * watcher thread, the pass glue) counts hand-off failures. NULL in the master. */
+static struct sb_slot *own_slot;
+
 static void sb_free(void *p)
 {
     struct scoreboard *sb = p;
+    struct sb_slot *own = __atomic_load_n(&own_slot, __ATOMIC_ACQUIRE);
+    if (own >= sb->slots && own < sb->slots + sb->n) __atomic_store_n(&own_slot, NULL, __ATOMIC_RELEASE);
     if (sb->slots) munmap(sb->slots, sizeof(struct sb_slot) * (size_t)sb->n);
     xfree(sb);
 }
@@ -148,7 +158,17 @@ static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
     s->heartbeat_ms = now_ms();
     /* release: a reader that sees the new pid sees the zeroed count, not the predecessor's */
     __atomic_store_n(&s->pid, p, __ATOMIC_RELEASE);
+    if (p == (int32_t)getpid()) __atomic_store_n(&own_slot, s, __ATOMIC_RELEASE);
     return Qnil;
+}
+
+/* One more hand-off that did not happen (why: enum bb_handoff_failure), in this worker's own slot;
+ * nothing before it took one (reset). Any thread, no GVL. */
+void bb_scoreboard_handoff_failed(int why)
+{
+    struct sb_slot *s = __atomic_load_n(&own_slot, __ATOMIC_ACQUIRE);
+    if (s && why >= 0 && why < BB_HANDOFF_FAILURE_KINDS)
+        __atomic_fetch_add(&s->handoff_failures[why], 1, __ATOMIC_RELAXED);
 }
 
 /* The slot shows `method path` running since started_us (state BUSY, 2); both cut to fit. */
@@ -232,14 +252,19 @@ static VALUE sb_request_shed(VALUE self, VALUE idx)
 }
 
 /* histograms(i) -> [[queue bucket counts, queue sum us], [duration counts, duration sum us], shed,
- * moved_out, moved_in] (counts per bucket, not cumulative; bounds: BUCKET_BOUNDS_US then +Inf). */
+ * moved_out, moved_in, [hand-off failures by HANDOFF_FAILURES]] (counts per bucket, not cumulative;
+ * bounds: BUCKET_BOUNDS_US then +Inf). */
 static VALUE sb_histograms(VALUE self, VALUE idx)
 {
     struct sb_slot *s = slot(self, idx);
-    return rb_ary_new_from_args(5, hist_value(&s->queue), hist_value(&s->duration),
+    VALUE failures = rb_ary_new_capa(BB_HANDOFF_FAILURE_KINDS);
+    int i;
+    for (i = 0; i < BB_HANDOFF_FAILURE_KINDS; i++)
+        rb_ary_push(failures, ULL2NUM(__atomic_load_n(&s->handoff_failures[i], __ATOMIC_RELAXED)));
+    return rb_ary_new_from_args(6, hist_value(&s->queue), hist_value(&s->duration),
                                 ULL2NUM(__atomic_load_n(&s->shed, __ATOMIC_RELAXED)),
                                 ULL2NUM(__atomic_load_n(&s->moved_out, __ATOMIC_RELAXED)),
-                                ULL2NUM(__atomic_load_n(&s->moved_in, __ATOMIC_RELAXED)));
+                                ULL2NUM(__atomic_load_n(&s->moved_in, __ATOMIC_RELAXED)), failures);
 }
 
 /* moves(i, out, in): the worker's own totals of connections moved out and taken in (they only grow). */
@@ -335,5 +360,13 @@ void bb_init_scoreboard(void)
         int i;
         for (i = 0; i < SB_BOUNDS; i++) rb_ary_push(bounds, LL2NUM(sb_bounds_us[i]));
         rb_define_const(c, "BUCKET_BOUNDS_US", rb_ary_freeze(bounds));
+    }
+    {
+        /* The reasons a move did not happen, in the order histograms(i) counts them (enum bb_handoff_failure). */
+        VALUE kinds = rb_ary_new_capa(BB_HANDOFF_FAILURE_KINDS);
+        rb_ary_push(kinds, ID2SYM(rb_intern("refused")));
+        rb_ary_push(kinds, ID2SYM(rb_intern("send")));
+        rb_ary_push(kinds, ID2SYM(rb_intern("lost")));
+        rb_define_const(c, "HANDOFF_FAILURES", rb_ary_freeze(kinds));
     }
 }

@@ -125,7 +125,8 @@ module Blackbuck
                                     "its app has run SEC (default 0.002; 0 = never)", &set(:handoff_after))
         o.on("--max-queue-time SEC", "answer 503 + Retry-After to a request that waited longer for the app " \
                                      "(default 0 = off)", &set(:max_queue_time))
-        o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR", &set(:stats_listen))
+        o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR; a bare PORT " \
+                                    "is 127.0.0.1:PORT (0.0.0.0:PORT for every interface)", &set(:stats_listen))
         o.separator ""
         o.separator "Files named by the app (off by default; see docs/SECURITY.md):"
         o.on("--[no-]x-sendfile", "send the file a response names in X-Sendfile: /abs/path", &set(:x_sendfile))

@@ -64,15 +64,18 @@ module Blackbuck
   module Listeners
     module_function
 
+    ANY_HOST = "0.0.0.0" # the host of an app listener's address that names none (PORT, :PORT)
+
     # "HOST:PORT", ":PORT", "PORT", "[::1]:PORT", "/path.sock", "unix:/path.sock" -> [kind, host, port | path]
-    def parse(addr)
+    # bare_host: the host of "PORT" and ":PORT" (the status listener's is loopback).
+    def parse(addr, bare_host: ANY_HOST)
       a = addr.to_s.strip
       case a
       when %r{\Aunix:(.+)\z} then [:unix, nil, Regexp.last_match(1)]
       when %r{\A[/.~]} then [:unix, nil, File.expand_path(a)]
       when /\A\[([0-9a-fA-F:.]+)\]:(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr)]
-      when /\A(\d+)\z/ then [:tcp, "0.0.0.0", port!(Regexp.last_match(1), addr)]
-      when /\A:(\d+)\z/ then [:tcp, "0.0.0.0", port!(Regexp.last_match(1), addr)]
+      when /\A(\d+)\z/ then [:tcp, bare_host, port!(Regexp.last_match(1), addr)]
+      when /\A:(\d+)\z/ then [:tcp, bare_host, port!(Regexp.last_match(1), addr)]
       when /\A([^:\s\[\]]+):(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr)]
       else raise ConfigError, "invalid listen address #{addr.inspect} (want HOST:PORT, :PORT, [::1]:PORT or unix:/path)"
       end
@@ -85,14 +88,14 @@ module Blackbuck
       n
     end
 
-    def bind(addr, backlog:, unix_mode: nil, unix_group: nil)
-      bind_all(addr, backlog: backlog, unix_mode: unix_mode, unix_group: unix_group).first
+    def bind(addr, backlog:, unix_mode: nil, unix_group: nil, bare_host: ANY_HOST)
+      bind_all(addr, backlog: backlog, unix_mode: unix_mode, unix_group: unix_group, bare_host: bare_host).first
     end
 
     # Every listener an address names: a host name with several addresses ("localhost": ::1 and
     # 127.0.0.1) gets one per address, all on the same port, as Puma does.
-    def bind_all(addr, backlog:, unix_mode: nil, unix_group: nil, proxy_protocol: false)
-      kind, host, where = parse(addr)
+    def bind_all(addr, backlog:, unix_mode: nil, unix_group: nil, proxy_protocol: false, bare_host: ANY_HOST)
+      kind, host, where = parse(addr, bare_host: bare_host)
       return [bind_unix(where, backlog, unix_mode, unix_group, proxy_protocol: proxy_protocol)] if kind == :unix
 
       addrs = Addrinfo.getaddrinfo(host, where, nil, :STREAM, nil, Socket::AI_PASSIVE).uniq(&:ip_address)
@@ -222,8 +225,8 @@ module Blackbuck
 
     # Does listen address addr ("HOST:PORT", "unix:/path", ...) name the bound socket address local
     # (an Addrinfo)? A host name names every address it resolves to.
-    def names?(addr, local)
-      kind, host, where = parse(addr)
+    def names?(addr, local, bare_host: ANY_HOST)
+      kind, host, where = parse(addr, bare_host: bare_host)
       return kind == :unix && File.expand_path(where) == File.expand_path(local.unix_path) if local.unix?
       return false unless kind == :tcp && where == local.ip_port
 

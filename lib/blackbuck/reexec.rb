@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "errors"
+require_relative "early_signals"
 
 module Blackbuck
   # HUP: new code and gems under the same master pid (so it works under systemd and as PID 1).
@@ -16,7 +17,10 @@ module Blackbuck
     LISTEN_ENV = "BLACKBUCK_LISTEN_FDS"   # "fd:o,fd:i:p": o = a socket we bound, i = one a parent gave us;
                                           # a third field "p" = it speaks the PROXY protocol (images
                                           # before it read the first two fields only)
-    WORKERS_ENV = "BLACKBUCK_OLD_WORKERS" # "pid:control_fd,..."
+    STATUS_ENV = "BLACKBUCK_STATUS_FD"     # the status listener's fd, kept across the exec
+    STANDIN_ENV = "BLACKBUCK_STATUS_STANDIN" # pid of the child answering it while the new image boots
+    WORKERS_ENV = "BLACKBUCK_OLD_WORKERS" # "pid:control_fd,..."; "pid:-": told to stop already
+    BOOT = File.expand_path("reexec_boot.rb", __dir__) # what the new image loads first
     CHECK_TIMEOUT = 300                   # seconds the new code may take to boot in the check
 
     class << self
@@ -30,7 +34,8 @@ module Blackbuck
     def available? = !command.nil?
 
     # Boots the new code without serving. nil when it booted, else the last line it printed.
-    # Yields while it waits (the master keeps its watchdog fed).
+    # Yields the seconds to wait before it looks again: the master keeps its watchdog fed and its
+    # status listener answered meanwhile.
     def check
       ruby, script, *args = command
       r, w = IO.pipe
@@ -44,8 +49,7 @@ module Blackbuck
           Process.wait(pid)
           return "the new code did not boot within #{CHECK_TIMEOUT}s"
         end
-        yield if block_given?
-        sleep 0.05
+        block_given? ? yield(0.05) : sleep(0.05)
       end
       out = r.read
       status.success? ? nil : (out.lines.last&.strip || "exited with #{status.exitstatus}")
@@ -53,18 +57,40 @@ module Blackbuck
       r&.close
     end
 
+    # old_workers: [[pid, control IO or nil], ...] (nil: told to stop already, only to be reaped);
+    # pending: signals queued here and not acted on, for the new image (EarlySignals);
     # env: more variables for the new image (the systemd notify socket the master took).
-    def exec!(listeners, old_workers, env: {})
+    # The new image loads reexec_boot.rb before anything else, so its traps are set within
+    # milliseconds; until then the master's signals are ignored (#ignore_signals), never fatal.
+    # status: the status listener (Listener or nil), kept open for the new image (#status_listener).
+    def exec!(listeners, old_workers, pending: [], status: nil, env: {})
       keep = {}
+      keep[status.fd] = status.fd if status
       listen = listeners.map do |l|
         keep[l.fd] = l.fd
         "#{l.fd}:#{l.inherited? ? 'i' : 'o'}#{':p' if l.proxy_protocol?}"
       end
       workers = old_workers.map do |pid, control|
+        next "#{pid}:-" if control.nil? || control.closed?
+
         keep[control.fileno] = control.fileno
         "#{pid}:#{control.fileno}"
       end
-      Kernel.exec(env.merge(LISTEN_ENV => listen.join(","), WORKERS_ENV => workers.join(",")), *command, keep)
+      ruby, *rest = command
+      vars = env.merge(LISTEN_ENV => listen.join(","), WORKERS_ENV => workers.join(","),
+                       EarlySignals::PENDING_ENV => EarlySignals.encode(pending),
+                       STATUS_ENV => status&.fd&.to_s)
+      Kernel.exec(vars, ruby, "--disable-gems", "-r#{BOOT}", *rest, keep)
+    end
+
+    # Right before #exec!: the master's signals are ignored from here until the new image traps
+    # them. exec resets a caught signal to its default action, which for HUP, TERM, INT, QUIT and
+    # USR1 ends the process (TTIN and TTOU stop it), while an ignored one stays ignored. (Blocking
+    # them would not do: Ruby empties the signal mask as it starts.) A trap whose signal came just
+    # before runs now, so its signal is in the queue the caller hands over.
+    def ignore_signals
+      EarlySignals::NAMES.each { |sig| trap(sig, "IGNORE") }
+      sleep 0.001
     end
 
     # In the new image: the listeners the previous one handed over ([] when none).
@@ -78,14 +104,21 @@ module Blackbuck
       end
     end
 
-    # In the new image: [[pid, control IO], ...] of the previous image's workers.
+    # In the new image: the status listener the previous one kept open (a Listener it bound), or nil.
+    def status_listener(env = ENV)
+      fd = env.delete(STATUS_ENV)
+      fd.nil? || fd.empty? ? nil : Listeners.from_fd(Integer(fd), inherited: false)
+    end
+
+    # In the new image: [[pid, control IO or nil], ...] of the previous images' workers (nil: a
+    # worker told to stop before this exec, still finishing).
     def old_workers(env = ENV)
       spec = env.delete(WORKERS_ENV)
       return [] if spec.nil? || spec.empty?
 
       spec.split(",").map do |pair|
-        pid, fd = pair.split(":").map { |x| Integer(x) }
-        [pid, IO.for_fd(fd, autoclose: true)]
+        pid, fd = pair.split(":")
+        [Integer(pid), fd == "-" ? nil : IO.for_fd(Integer(fd), autoclose: true)]
       end
     end
   end

@@ -10,6 +10,10 @@ module Blackbuck
   # + live never decreases while the master lives: Prometheus counters and histograms.
   class RequestCounts
     BOUNDS = Native::Scoreboard::BUCKET_BOUNDS_US.map { |us| us / 1e6 }.freeze # seconds; then +Inf
+    # Why a move between workers did not happen: the receiver had too few descriptors free and left it
+    # queued for another (refused), the send failed and the sender kept it (send), the kernel dropped
+    # its descriptor at the receiver and the client was reset (lost).
+    HANDOFF_FAILURES = Native::Scoreboard::HANDOFF_FAILURES
     WINDOW = 60      # seconds the "recent" percentiles of /status cover
     SAMPLE_EVERY = 5 # seconds between the snapshots the window is measured against
 
@@ -43,19 +47,23 @@ module Blackbuck
       end
     end
 
-    # Everything of one or more slots: the two histograms, sheds, connections moved out and in.
-    Totals = Struct.new(:queue, :duration, :shed, :moved_out, :moved_in) do
-      def self.empty = new(Hist.empty, Hist.empty, 0, 0, 0)
+    # Everything of one or more slots: the two histograms, sheds, connections moved out and in, and
+    # moves that did not happen (counts in the order of HANDOFF_FAILURES).
+    Totals = Struct.new(:queue, :duration, :shed, :moved_out, :moved_in, :handoff_failures) do
+      def self.empty = new(Hist.empty, Hist.empty, 0, 0, 0, Array.new(HANDOFF_FAILURES.size, 0))
 
       def +(other)
         Totals.new(queue + other.queue, duration + other.duration, shed + other.shed, moved_out + other.moved_out,
-                   moved_in + other.moved_in)
+                   moved_in + other.moved_in, handoff_failures.zip(other.handoff_failures).map(&:sum))
       end
 
       def -(other)
         Totals.new(queue - other.queue, duration - other.duration, shed - other.shed, moved_out - other.moved_out,
-                   moved_in - other.moved_in)
+                   moved_in - other.moved_in, handoff_failures.zip(other.handoff_failures).map { |a, b| a - b })
       end
+
+      # {"refused" => n, "send" => n, "lost" => n}
+      def handoff_failures_by_reason = HANDOFF_FAILURES.zip(handoff_failures).to_h { |why, n| [why.to_s, n] }
     end
 
     def initialize(scoreboard)
@@ -105,8 +113,8 @@ module Blackbuck
 
     # One slot's numbers (its current worker's, or its last one's).
     def slot_totals(index)
-      queue, duration, shed, moved_out, moved_in = @scoreboard.histograms(index)
-      Totals.new(Hist.from_slot(queue), Hist.from_slot(duration), shed, moved_out, moved_in)
+      queue, duration, shed, moved_out, moved_in, handoff_failures = @scoreboard.histograms(index)
+      Totals.new(Hist.from_slot(queue), Hist.from_slot(duration), shed, moved_out, moved_in, handoff_failures)
     end
   end
 end

@@ -7,27 +7,53 @@ module Blackbuck
   # The status listener (--stats-listen ADDR), served by the master from its own loop:
   #   GET /status   JSON: every worker's scoreboard slot, listen-queue depths, totals
   #   GET /metrics  the same numbers in Prometheus text format
-  # The master must never block for long here: connections are accepted non-blocking, a
-  # request gets READ_DEADLINE to arrive, and every connection is closed after one answer.
+  #   GET /ready, GET /live  probes (below)
+  # The master never waits for a status client: it selects on #readers and #writers (with no
+  # longer a timeout than #timeout) and calls #serve, which accepts what is pending, reads and
+  # writes non-blocking, answers each connection once its request head is complete and closes
+  # it after that one answer. Each connection has its own buffer and deadline, so idle or slow
+  # clients cost a descriptor each, never the loop's time: a probe on a fresh connection is
+  # answered at the loop's next turn however many are open (at most MAX_CLIENTS).
   # Every answer carries MARK, so `blackbuck status` can tell this listener from an app.
   class StatusServer
-    READ_DEADLINE = 0.2      # seconds a status client gets to send its request head
-    WRITE_DEADLINE = 0.2     # seconds a status client gets to take the answer
-    SERVE_BUDGET = 0.25      # seconds per turn of the master's loop after which no new client is taken
-    MAX_PER_WAKE = 8         # connections answered per turn of the master's loop
-    MAX_REQUEST_BYTES = 4096 # a longer request head is refused (the status page takes no input)
+    READ_DEADLINE = 2.0       # seconds from accept a status client gets to send its whole request head
+    WRITE_DEADLINE = 2.0      # seconds from its request a status client gets to take the whole answer
+    MAX_CLIENTS = 1024        # status connections open at once; one more closes the oldest still sending its request
+    ACCEPT_PER_SERVE = 256    # connections accepted per #serve, so one turn of the master's loop stays short
+    ACCEPT_PAUSE = 0.1        # seconds the listener rests when accept finds no free descriptor (EMFILE)
+    BACKLOG = 1024            # connections the kernel queues for the listener between two turns of the loop
+    MAX_REQUEST_BYTES = 4096  # a longer request head is refused (the status page takes no input)
+    LOCAL_HOST = "127.0.0.1"  # the host of an address that names none (PORT, :PORT): not reachable from outside
     MARK = "blackbuck-status" # response header only this listener sends; its value is FORMAT
     FORMAT = 1                # version of the /status JSON
     STATE_NAMES = Native::Scoreboard::NAMES
 
+    # One status connection: the request head read so far, the answer not yet taken (nil while
+    # the head is incomplete) and the monotonic time it is closed at if not done by then.
+    Client = Struct.new(:io, :head, :out, :deadline)
+
     attr_reader :listener
 
-    # Binds addr and returns the server; the caller adds #io to its select.
-    def self.start(addr, supervisor:, scoreboard:, listeners:, logger:, backlog: 64)
-      listener = Listeners.bind(addr, backlog: backlog)
+    # Binds addr (a bare port on LOCAL_HOST) and returns the server; the caller selects on
+    # #readers and #writers. The listener takes connections at once (no TCP_DEFER_ACCEPT): an
+    # idle one is held, and bounded, here rather than in the kernel's queue where it would
+    # crowd out probes.
+    # inherited: the listener a HUP re-exec handed over (Reexec.status_listener), kept when it is
+    # still the one addr names, so probes are queued across a reload, never refused.
+    def self.start(addr, supervisor:, scoreboard:, listeners:, logger:, backlog: BACKLOG, inherited: nil)
+      listener = inherited if inherited && same_address?(inherited, addr)
+      inherited&.close unless listener
+      listener ||= Listeners.bind(addr, backlog: backlog, bare_host: LOCAL_HOST)
+      Native.defer_accept(listener.fd, 0) if listener.tcp?
       listener.io.fcntl(Fcntl::F_SETFL, listener.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
-      logger.info("status listening on #{listener.name}")
+      logger.info("status listening on #{listener.name}#{' (kept across the reload)' if listener.equal?(inherited)}")
       new(listener: listener, supervisor: supervisor, scoreboard: scoreboard, listeners: listeners)
+    end
+
+    def self.same_address?(listener, addr)
+      Listeners.names?(addr, listener.io.local_address, bare_host: LOCAL_HOST)
+    rescue SystemCallError
+      false
     end
 
     def initialize(listener:, supervisor:, scoreboard:, listeners:)
@@ -35,34 +61,59 @@ module Blackbuck
       @supervisor = supervisor
       @scoreboard = scoreboard
       @listeners = listeners
+      @clients = {} # io => Client, oldest first
+      @accept_paused_until = nil
     end
 
     def io = @listener.io
 
-    # Master: answer what is waiting, at most MAX_PER_WAKE connections.
-    def serve
-      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      MAX_PER_WAKE.times do
-        return if Process.clock_gettime(Process::CLOCK_MONOTONIC) - started > SERVE_BUDGET
-
-        client, = io.accept_nonblock(exception: false)
-        return if client == :wait_readable || client.nil?
-
-        begin
-          answer(client)
-        rescue IOError, SystemCallError
-          nil
-        ensure
-          client.close unless client.closed?
-        end
-      end
+    # Master: what to select for reading (the listener, unless it rests, and every connection
+    # whose request head is incomplete) and for writing (every connection with an answer to take).
+    def readers
+      ios = @clients.each_value.filter_map { |c| c.io if c.out.nil? }
+      @accept_paused_until || @stopped ? ios : ios << io
     end
 
-    # Master: on shutdown (removes a UNIX socket file it created).
-    def close = @listener.close
+    def writers = @clients.each_value.filter_map { |c| c.io if c.out }
 
-    # Worker, right after fork: drop the descriptor without touching the socket file.
+    # Master: seconds until the next deadline (a connection to close, the listener's rest to
+    # end); nil when there is none.
+    def timeout
+      nearest = [@clients.each_value.min_by(&:deadline)&.deadline, @accept_paused_until].compact.min
+      nearest && [nearest - now, 0].max
+    end
+
+    # Master, after its select: reads, answers and writes what is ready, accepts what is pending
+    # and closes connections past their deadline. Never waits; call it after every select, also
+    # one that timed out.
+    def serve(readable, writable)
+      readable.each do |ready|
+        if (c = @clients[ready]) then receive(c)
+        elsif ready == io then accept
+        end
+      end
+      writable.each { |ready| (c = @clients[ready]) && take_answer(c) }
+      expire
+    end
+
+    # A reloading master's stand-in, once the new image serves the listener: no new connection;
+    # those it has are answered (or time out), then #done?. Safe in a signal trap.
+    def stop_accepting
+      @stopped = true
+    end
+
+    def done? = @stopped && @clients.empty?
+
+    # Master: on shutdown (removes a UNIX socket file it created).
+    def close
+      drop_all
+      @listener.close
+    end
+
+    # Worker, right after fork: drop the descriptors (listener and connections) without touching
+    # the socket file or the master's connections.
     def close_in_child
+      drop_all
       io.close unless io.closed?
     end
 
@@ -95,7 +146,8 @@ module Blackbuck
           "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
           "queued" => listeners.sum { |l| l["queued"] || 0 },
           "shed" => totals.shed,
-          "moved" => totals.moved_out
+          "moved" => totals.moved_out,
+          "handoff_failures" => totals.handoff_failures_by_reason # RequestCounts::HANDOFF_FAILURES
         },
         # The last RequestCounts::WINDOW seconds (less while the master is younger): seconds from a
         # request's arrival (or its X-Request-Start) to the app's start, and seconds in the app.
@@ -148,6 +200,11 @@ module Blackbuck
       family.call("blackbuck_connections_moved_total", "counter",
                   "Connections whose waiting request moved to a free worker while their own ran the app long.",
                   [[{}, totals.moved_out]])
+      family.call("blackbuck_handoff_failures_total", "counter",
+                  "Moves of a connection between workers that did not happen: refused (the receiving worker had " \
+                  "too few descriptors free; it stayed queued for another), send (the sender kept it), lost " \
+                  "(the kernel dropped its descriptor at the receiver; the client was reset).",
+                  totals.handoff_failures_by_reason.map { |why, n| [{ "reason" => why }, n] })
       started = snap["workers"].reject { |w| w["state"] == "starting" }
       family.call("blackbuck_worker_queue_seconds", "summary",
                   "Seconds a worker's requests waited for its app (arrival to app start), over its life.",
@@ -216,65 +273,121 @@ module Blackbuck
       "{#{labels.map { |k, v| %(#{k}="#{v.to_s.gsub(/[\\"\n]/, '\\' => '\\\\', '"' => '\\"', "\n" => '\\n')}") }.join(',')}}"
     end
 
-    def answer(client)
-      line = read_request_line(client)
-      return unless line
+    # At most ACCEPT_PER_SERVE pending connections; each is read at once (a probe's request is
+    # usually there already). Out of descriptors, the oldest connection makes room; with none to
+    # close, the listener rests ACCEPT_PAUSE (it stays readable, and selecting on it would spin).
+    def accept
+      ACCEPT_PER_SERVE.times do
+        sock, = io.accept_nonblock(exception: false)
+        return if sock == :wait_readable
 
-      method, target = line.split(" ", 3)
-      path = target.to_s.split("?", 2).first
-      if method != "GET" && method != "HEAD"
-        respond(client, 405, "text/plain", "method not allowed\n", head: false)
-      elsif path == "/status"
-        respond(client, 200, "application/json", "#{JSON.generate(snapshot)}\n", head: method == "HEAD")
-      elsif path == "/metrics"
-        respond(client, 200, "text/plain; version=0.0.4; charset=utf-8", metrics, head: method == "HEAD")
-      elsif path == "/ready" # readiness: 503 until a worker serves, and from the moment a stop (or TERM's shutdown_delay) begins
-        ready = @supervisor.ready?
-        why = @supervisor.serving? ? "stopping\n" : "starting\n"
-        respond(client, ready ? 200 : 503, "text/plain", ready ? "ready\n" : why, head: method == "HEAD")
-      elsif path == "/live" # liveness: the master's loop answers this itself, so an answer means it turns
-        respond(client, 200, "text/plain", "live\n", head: method == "HEAD")
-      else
-        respond(client, 404, "text/plain", "not found\n", head: method == "HEAD")
+        make_room if @clients.size >= MAX_CLIENTS
+        c = Client.new(sock, String.new, nil, now + READ_DEADLINE)
+        @clients[sock] = c
+        receive(c)
+      rescue Errno::ECONNABORTED, Errno::EPROTO, Errno::EINTR
+        next # that client is gone; take the next
+      rescue Errno::EMFILE, Errno::ENFILE, Errno::ENOBUFS, Errno::ENOMEM
+        next if make_room
+
+        @accept_paused_until = now + ACCEPT_PAUSE
+        return
       end
     end
 
-    # The request head, up to READ_DEADLINE; its first line, or nil when the client is too slow.
-    def read_request_line(client)
-      buf = +""
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + READ_DEADLINE
-      until buf.include?("\r\n\r\n") || buf.include?("\n\n")
-        left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        return nil if left <= 0 || buf.bytesize > MAX_REQUEST_BYTES
+    # Closes the oldest connection still sending its request (else the oldest): a new client, a
+    # probe, always gets in, and a flood of idle connections only displaces itself. nil when
+    # there is none.
+    def make_room
+      victim = @clients.each_value.find { |c| c.out.nil? } || @clients.each_value.first
+      drop(victim) if victim
+    end
 
-        chunk = client.read_nonblock(MAX_REQUEST_BYTES, exception: false)
+    # Reads what the client sent; once the head is complete (or the client ended its side),
+    # answers. A head past MAX_REQUEST_BYTES is refused: the connection closes unanswered.
+    def receive(c)
+      loop do
+        chunk = c.io.read_nonblock(MAX_REQUEST_BYTES, exception: false)
         case chunk
-        when :wait_readable then IO.select([client], nil, nil, left)
-        when nil then break # EOF: answer what we have
-        else buf << chunk
+        when :wait_readable then return
+        when nil then return answer(c) # EOF: answer what we have
         end
+        c.head << chunk
+        return answer(c) if c.head.include?("\r\n\r\n") || c.head.include?("\n\n")
+        return drop(c) if c.head.bytesize > MAX_REQUEST_BYTES
       end
-      buf[/\A[^\r\n]+/]
+    rescue IOError, SystemCallError
+      drop(c)
+    end
+
+    def answer(c)
+      line = c.head[/\A[^\r\n]+/]
+      return drop(c) unless line
+
+      c.out = answer_to(line)
+      c.deadline = now + WRITE_DEADLINE
+      take_answer(c)
+    end
+
+    # What the kernel takes of the answer now; the connection closes once it has all of it.
+    def take_answer(c)
+      n = c.io.write_nonblock(c.out, exception: false)
+      return if n == :wait_writable
+
+      c.out = c.out.byteslice(n..)
+      drop(c) if c.out.empty?
+    rescue IOError, SystemCallError
+      drop(c)
+    end
+
+    def expire
+      t = now
+      @clients.each_value.select { |c| c.deadline <= t }.each { |c| drop(c) }
+      @accept_paused_until = nil if @accept_paused_until && t >= @accept_paused_until
+    end
+
+    def drop(c)
+      @clients.delete(c.io)
+      c.io.close unless c.io.closed?
+      c
+    rescue IOError, SystemCallError
+      c
+    end
+
+    def drop_all
+      @clients.each_value { |c| c.io.close unless c.io.closed? }
+      @clients.clear
+    end
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # The whole answer to a request line.
+    def answer_to(line)
+      method, target = line.split(" ", 3)
+      path = target.to_s.split("?", 2).first
+      head = method == "HEAD"
+      if method != "GET" && method != "HEAD"
+        response(405, "text/plain", "method not allowed\n", head: false)
+      elsif path == "/status"
+        response(200, "application/json", "#{JSON.generate(snapshot)}\n", head: head)
+      elsif path == "/metrics"
+        response(200, "text/plain; version=0.0.4; charset=utf-8", metrics, head: head)
+      elsif path == "/ready" # readiness: 503 until a worker serves, and from the moment a stop (or TERM's shutdown_delay) begins
+        ready = @supervisor.ready?
+        why = @supervisor.serving? ? "stopping\n" : "starting\n"
+        response(ready ? 200 : 503, "text/plain", ready ? "ready\n" : why, head: head)
+      elsif path == "/live" # liveness: the master's loop answers this itself, so an answer means it turns
+        response(200, "text/plain", "live\n", head: head)
+      else
+        response(404, "text/plain", "not found\n", head: head)
+      end
     end
 
     REASONS = { 200 => "OK", 404 => "Not Found", 405 => "Method Not Allowed", 503 => "Service Unavailable" }.freeze
 
-    # Writes the answer; a client that does not take it within WRITE_DEADLINE loses it.
-    def respond(client, code, type, body, head:)
-      out = "HTTP/1.1 #{code} #{REASONS[code]}\r\ncontent-type: #{type}\r\ncontent-length: #{body.bytesize}\r\n" \
-            "#{MARK}: #{FORMAT}\r\nconnection: close\r\n\r\n#{body unless head}"
-      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + WRITE_DEADLINE
-      until out.empty?
-        n = client.write_nonblock(out, exception: false)
-        if n == :wait_writable
-          left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-          return if left <= 0
-
-          IO.select(nil, [client], nil, left)
-        else
-          out = out.byteslice(n..)
-        end
-      end
+    def response(code, type, body, head:)
+      "HTTP/1.1 #{code} #{REASONS[code]}\r\ncontent-type: #{type}\r\ncontent-length: #{body.bytesize}\r\n" \
+        "#{MARK}: #{FORMAT}\r\nconnection: close\r\n\r\n#{body unless head}"
     end
   end
 end

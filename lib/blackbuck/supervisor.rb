@@ -18,7 +18,7 @@ module Blackbuck
     FORCE_GRACE = 5         # seconds a forced stop (a second INT/TERM) gives a request already in the app
 
     def initialize(config:, app:, listeners:, logger:, old_workers: [], notify: nil)
-      @old_workers = old_workers.to_h # pid => control IO, from this master's previous image (HUP)
+      @old_workers = old_workers.to_h # pid => control IO (nil once told to stop), from previous images (HUP)
       @config = config
       @app = app
       @listeners = listeners
@@ -56,55 +56,79 @@ module Blackbuck
     attr_reader :children, :request_counts
 
     def run
+      kept = Reexec.status_listener # a HUP re-exec's
       if @config[:stats_listen]
         @status = StatusServer.start(@config[:stats_listen], supervisor: self, scoreboard: @scoreboard,
-                                                             listeners: @listeners, logger: @logger)
+                                                             listeners: @listeners, logger: @logger, inherited: kept)
+      else
+        kept&.close
       end
+      end_status_standin
       SIGNALS.each { |sig| trap(sig) { enqueue(sig) } }
-      $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
-      until @stopping
-        case (sig = @queue.shift)
-        when nil
-          reap
-          enforce_timeouts
-          spawn_missing
-          retire_old_workers
-          @request_counts.sample(live_slots)
-          announce
-          @stopping = true if @drain_until && now >= @drain_until
-          sleep_until_woken(@notify&.watchdog_interval&.clamp(0.01, 1) || 1)
-        when :TERM, :INT, :QUIT
-          if sig == :TERM && @config[:shutdown_delay].positive? && @drain_until.nil?
-            drain
-          else
-            again = sig == :QUIT ? "QUIT again exits at once" : "#{sig} again forces the stop, a third time exits at once"
-            @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s); #{again}")
-            @stopping = true
-          end
-        when :HUP
-          reload
-        when :TTIN
-          @wanted += 1 if @wanted < @scoreboard.size
-          @logger.info("TTIN: workers = #{@wanted}")
-          @announced = false
-        when :TTOU
-          @wanted -= 1 if @wanted > 1
-          @logger.info("TTOU: workers = #{@wanted}")
-          @announced = false
-          @children.each_value { |c| tell_stop(c) if c.index >= @wanted }
-        when :USR1
-          @logger.reopen
-          @children.each_key { |pid| signal(:USR1, pid) }
-        when :CHLD
-          reap
-        else
-          raise "[BUG] unexpected signal #{sig}"
-        end
+      early = EarlySignals.take # a re-exec's: those that arrived while the new code booted
+      unless early.empty?
+        @logger.info("signals received while this image booted, handled now: #{early.join(' ')}")
+        early.each { |sig| enqueue(sig) }
       end
+      $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
+      turn until @stopping
       shutdown
     end
 
     private
+
+    # One turn of the master's loop: a queued signal, or the housekeeping. No exception here ends
+    # the master (the workers keep serving): it is logged and the loop goes on.
+    def turn
+      case (sig = @queue.shift)
+      when nil
+        reap
+        enforce_timeouts
+        spawn_missing
+        retire_old_workers
+        reload if @reload_pending && !handing_over?
+        @request_counts.sample(live_slots)
+        announce
+        @stopping = true if @drain_until && now >= @drain_until
+        sleep_until_woken(@notify&.watchdog_interval&.clamp(0.01, 1) || 1)
+      else
+        on_signal(sig)
+      end
+    rescue StandardError => e
+      @logger.exception("master: #{sig || 'loop'} failed; still serving", e)
+      sleep_until_woken(0.1) unless sig # a fault that repeats does not spin
+    end
+
+    def on_signal(sig)
+      case sig
+      when :TERM, :INT, :QUIT
+        if sig == :TERM && @config[:shutdown_delay].positive? && @drain_until.nil?
+          drain
+        else
+          again = sig == :QUIT ? "QUIT again exits at once" : "#{sig} again forces the stop, a third time exits at once"
+          @logger.info("#{sig}: stopping gracefully (up to #{@config[:graceful_timeout]}s); #{again}")
+          @stopping = true
+        end
+      when :HUP
+        reload
+      when :TTIN
+        @wanted += 1 if @wanted < @scoreboard.size
+        @logger.info("TTIN: workers = #{@wanted}")
+        @announced = false
+      when :TTOU
+        @wanted -= 1 if @wanted > 1
+        @logger.info("TTOU: workers = #{@wanted}")
+        @announced = false
+        @children.each_value { |c| tell_stop(c) if c.index >= @wanted }
+      when :USR1
+        @logger.reopen
+        @children.each_key { |pid| signal(:USR1, pid) }
+      when :CHLD
+        reap
+      else
+        raise "[BUG] unexpected signal #{sig}"
+      end
+    end
 
     def enqueue(sig)
       @queue << sig
@@ -136,10 +160,14 @@ module Blackbuck
       @announced = true
       @notify.ready("#{@children.size} workers, pid #{Process.pid}")
     end
+
+    # Up to seconds, or until a signal wakes the loop; status connections are served meanwhile
+    # (never waited for), and the sleep ends by their next deadline so it is kept.
     def sleep_until_woken(seconds = 1, status: @status)
-      ready, = IO.select([@wake_r, status&.io].compact, nil, nil, seconds)
+      seconds = [seconds, status.timeout].compact.min if status
+      readable, writable = IO.select([@wake_r, *status&.readers], status&.writers, nil, seconds)
       @wake_r.read_nonblock(1024, exception: false)
-      status.serve if status && ready&.include?(status.io)
+      status&.serve(readable || [], writable || [])
     end
 
     def spawn_missing
@@ -160,7 +188,7 @@ module Blackbuck
         [@wake_r, @wake_w].each(&:close)
         @status&.close_in_child
         @children.each_value { |c| c.control.close }
-        @old_workers.each_value { |io| io.close unless io.closed? }
+        @old_workers.each_value { |io| io.close unless io.nil? || io.closed? }
         run_worker(index, control_r)
       end
       control_r.close
@@ -202,8 +230,9 @@ module Blackbuck
         pid, status = Process.wait2(-1, Process::WNOHANG)
         break unless pid
 
-        if (old = @old_workers.delete(pid))
-          old.close unless old.closed?
+        if @old_workers.key?(pid)
+          old = @old_workers.delete(pid)
+          old.close unless old.nil? || old.closed?
           @logger.info("old worker (pid #{pid}) exited")
         end
         child = @children.delete(pid)
@@ -247,27 +276,92 @@ module Blackbuck
 
     # HUP: boot the new code in a separate process first; only if it boots, re-exec this
     # master with it (see Reexec). Started another way (rackup), HUP replaces the workers.
+    # A HUP while the previous one's new workers are still starting waits for them (HUPs that
+    # arrive meanwhile make one reload); old workers already told to stop are handed to the next
+    # image to reap, however many reloads ago they were started.
     def reload
       unless Reexec.available?
         @logger.info("HUP: replacing every worker (started without the blackbuck command: no code reload)")
         @children.each_value { |c| tell_stop(c) }
         return
       end
+      if handing_over?
+        @logger.info("HUP: the previous reload's new workers are still starting; reloading once they serve") \
+          unless @reload_pending
+        @reload_pending = true
+        return
+      end
+      @reload_pending = false
       @logger.info("HUP: checking that the new code boots")
       @notify&.reloading
-      if (error = Reexec.check { announce_watchdog })
+      if (error = Reexec.check { |wait| announce_watchdog; sleep_until_woken(wait) })
         @logger.error("HUP: the new code does not boot; the running workers keep serving: #{error}")
         @notify&.ready("reload failed, #{@children.size} workers still serving the old code")
         return
       end
+      if @queue.intersect?(%i[TERM INT QUIT])
+        @logger.info("HUP: a stop was asked while the new code booted; stopping instead of re-executing")
+        return
+      end
       @logger.info("HUP: re-executing the master (pid #{Process.pid}) with the new code")
       @config[:before_exec]&.call(self)
+      re_exec
+    end
+
+    # The re-exec itself. From here the master's signals are ignored until the new image has
+    # trapped them, milliseconds into its start (Reexec.ignore_signals); those already queued go
+    # with it. Returns only when the exec failed (logged; the running workers keep serving).
+    def re_exec
+      Reexec.ignore_signals
+      standin = status_standin
       old = @children.map { |pid, c| [pid, c.control] } + @old_workers.to_a
-      Reexec.exec!(@listeners, old, env: @notify ? @notify.env_for_exec : {})
-    rescue SystemCallError => e
+      pending = @queue.dup
+      @logger.info("HUP: the new image handles the signals queued here: #{pending.join(' ')}") \
+        if pending.intersect?(EarlySignals::NAMES)
+      env = @notify ? @notify.env_for_exec : {}
+      env = env.merge(Reexec::STANDIN_ENV => standin.to_s) if standin
+      Reexec.exec!(@listeners, old, pending: pending, status: @status&.listener, env: env)
+    rescue SystemCallError, IOError => e
+      signal(:TERM, standin) if standin
+      SIGNALS.each { |sig| trap(sig) { enqueue(sig) } }
       @logger.error("HUP: re-exec failed (#{e.message}); the running workers keep serving")
       @notify&.ready("reload failed, #{@children.size} workers still serving the old code")
     end
+
+    # While the new image boots (seconds, for a large app), a child of this master answers the
+    # status listener in its place: probes (GET /live, /ready) and scrapes keep their answers, the
+    # scoreboard's numbers live. The new image ends it (TERM) once its own loop serves the listener;
+    # it ends by itself if the master dies, or after Reexec::CHECK_TIMEOUT. Its pid, or nil.
+    def status_standin
+      return unless @status
+
+      master = Process.pid
+      fork do
+        trap(:TERM) { @status.stop_accepting } # the new image serves the listener: finish, then exit
+        [@wake_r, @wake_w, *@listeners.map(&:io)].each { |io| io.close unless io.closed? }
+        @children.each_value { |c| c.control.close unless c.control.closed? }
+        @old_workers.each_value { |io| io.close unless io.nil? || io.closed? }
+        $0 = "blackbuck status (master #{master} reloading)"
+        give_up = now + Reexec::CHECK_TIMEOUT
+        while Process.ppid == master && now < give_up && !@status.done?
+          readable, writable = IO.select(@status.readers, @status.writers, nil, [@status.timeout || 0.5, 0.5].min)
+          @status.serve(readable || [], writable || [])
+        end
+        exit!(0)
+      end
+    rescue SystemCallError => e
+      @logger.warn("HUP: no stand-in for the status listener while the new code boots (#{e.message})")
+      nil
+    end
+
+    # In the new image, once its status listener is served: the old image's stand-in ends.
+    def end_status_standin
+      pid = ENV.delete(Reexec::STANDIN_ENV)
+      signal(:TERM, Integer(pid)) if pid && !pid.empty?
+    end
+
+    # After a re-exec, until every new worker serves and the previous image's are told to stop.
+    def handing_over? = @old_workers.each_value.any? { |io| io && !io.closed? }
 
     # The watchdog keeps hearing from the loop while a HUP's boot check blocks it.
     def announce_watchdog
@@ -280,17 +374,29 @@ module Blackbuck
     # After a re-exec: once every new worker is up, the previous image's workers finish what
     # they are doing and exit.
     def retire_old_workers
-      return if @old_workers.empty? || @children.size < @wanted
+      return if !handing_over? || @children.size < @wanted
       return unless @children.all? { |pid, c| @scoreboard.read(c.index)[0] == pid }
 
-      @old_workers.each_value do |io|
-        io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
+      @logger.info("new workers ready; #{stop_old_workers} old workers finishing")
+    end
+
+    # The previous images' workers that still have a control pipe are told to finish and exit;
+    # each stays listed (without its pipe) until it is reaped. How many were told.
+    def stop_old_workers
+      told = 0
+      @old_workers.each do |pid, io|
+        next if io.nil?
+
+        begin
+          io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
+          told += 1
+        rescue IOError, SystemCallError
+          nil
+        end
         io.close unless io.closed?
-      rescue IOError, SystemCallError
-        nil
+        @old_workers[pid] = nil
       end
-      @logger.info("new workers ready; #{@old_workers.size} old workers finishing") unless @retired_logged
-      @retired_logged = true
+      told
     end
 
     def tell_stop(child, message = Worker::STOP_MESSAGE)
@@ -314,12 +420,7 @@ module Blackbuck
       @listeners.each(&:close)
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
       @children.each_value { |c| tell_stop(c) }
-      @old_workers.each_value do |io| # after a HUP not yet complete: they stop too
-        io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
-        io.close unless io.closed?
-      rescue IOError, SystemCallError
-        nil
-      end
+      stop_old_workers # after a HUP not yet complete: they stop too
       stops = 1
       deadline = now + @config[:graceful_timeout] + 1
       until @children.empty? && @old_workers.empty?

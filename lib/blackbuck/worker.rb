@@ -7,6 +7,7 @@ require_relative "errors"
 require_relative "request"
 require_relative "response"
 require_relative "app_pool"
+require_relative "episode"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
@@ -85,6 +86,7 @@ module Blackbuck
       @max_keepalive_requests = config[:max_keepalive_requests]
       @keepalive = config[:keepalive]
       @keepalive_timeout = config[:keepalive_timeout]
+      @stop_idle_seconds = [STOP_IDLE_DRAIN, @keepalive_timeout].min
       @header_timeout = config[:header_timeout]
       @body_timeout = config[:body_timeout]
       @proxy_header_timeout = [PROXY_HEADER_SECONDS, @header_timeout].min
@@ -96,7 +98,9 @@ module Blackbuck
       @max_queue_time = config[:max_queue_time]
       @shed = @max_queue_time.positive?
       # #counted has more to do than count only with one of these
-      @count_hooks = @oob_gc.positive? || @oob_gc_auto || @requests_limit.positive?
+      @count_hooks = @oob_gc.positive? || @oob_gc_auto || @max_rss_kib.positive?
+      @memory_check_at = 0.0 # max_memory_per_child: when RSS is read next (#counted)
+      @started = 0 # requests started (max_requests_per_child counts them)
       @woke_at = now
       @request = Request.new(config, logger)
       @response = Response.new(config, app, logger, method(:hand_over))
@@ -128,13 +132,14 @@ module Blackbuck
       @pool&.stop
       @handoff&.stop
       @scoreboard.moves(@index, moved_out, @moved_in) if @handoff_fd
-      @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests")
+      @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests#{peak_rss}")
     end
 
     # A whole request (head and body) is in: run the app, answer. True when the next request is
     # read already and may be served now (#progress).
     def serve(conn, env)
       queued = conn.start_app(env) # BUSY; env[QUEUE_TIME]
+      last_request if @requests_limit.positive? && (@started += 1) >= @requests_limit
       return shed(conn) if @shed && queued > @max_queue_time
       return dispatch(conn, env, queued) if @pool
 
@@ -354,13 +359,19 @@ module Blackbuck
       @scoreboard.free_threads(@index, @stopping || saturated? ? 0 : @threads - @busy)
     end
 
-    # One more request served: OOB GC, and the recycling limit.
+    # One more request served: OOB GC.
     def counted
       @served += 1
       return unless @count_hooks
 
       @gc_pending = true if (@oob_gc.positive? && (@served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
-      begin_graceful_stop("served #{@served} requests") if @requests_limit.positive? && @served >= @requests_limit
+      check_memory if @max_rss_kib.positive? && @woke_at >= @memory_check_at && !@stopping
+    end
+
+    # max_requests_per_child: the request that reaches the limit begins the stop before it runs, so
+    # its response says "Connection: close" and its client is never promised one more.
+    def last_request
+      begin_graceful_stop("reached #{@requests_limit} requests (max_requests_per_child)")
     end
 
     # Every app thread is busy and a request waits on this idle connection: another worker serves
@@ -389,14 +400,37 @@ module Blackbuck
     end
 
     # A connection another worker moved here: served like a fresh one, whose request is waiting.
-    # One per loop turn, so free workers share the queue.
+    # One per loop turn, so free workers share the queue. A worker short of descriptors takes none
+    # (Conn.receive refuses, #short_of_descriptors): the kernel would drop the socket it has no
+    # descriptor for, and its client would be reset. The send end goes along for the wake-up a
+    # refusing worker passes on to the others.
     def adopt
-      conn = Native::Conn.receive(@handoff_fd, @listener_info)
+      conn = Native::Conn.receive(@handoff_fd, @listener_info, @handoff_socket[0].fileno)
       return conn if conn.nil? || conn == false
 
+      if @handoff_shortage&.on?
+        @handoff_shortage.over { |n, secs| "hand-off: taking moved connections again (#{n} refused over #{secs} s)" }
+      end
       @moved_in += 1
       take(conn, @header_timeout, true)
       conn
+    rescue Errno::EMFILE, Errno::ENFILE, Errno::ECONNABORTED => e
+      short_of_descriptors(e)
+      e.is_a?(Errno::ECONNABORTED) ? false : nil # (false: one was taken off the socket, and lost)
+    end
+
+    # Too few descriptors to take a moved connection: Conn.receive left it queued for another worker
+    # (EMFILE), or the kernel dropped it (ECONNABORTED: the table filled up after the check); both
+    # counted in the scoreboard slot (blackbuck_handoff_failures_total). This worker takes no
+    # connection of either kind (the others do) until it has room again: #resume_accepting tries
+    # every tick and whenever one of its connections closes. Logged once per episode, not per retry.
+    def short_of_descriptors(err)
+      (@handoff_shortage ||= Episode.new(@logger)).hit do
+        fate = err.is_a?(Errno::ECONNABORTED) ? "its client was reset" : "moved connections stay queued for the others"
+        "hand-off: #{err.message}: #{fate}; this worker takes no new or moved connection until it has room " \
+          "(open connections: #{@conns.size})"
+      end
+      pause_accepting
     end
 
     def install_traps
@@ -470,10 +504,17 @@ module Blackbuck
         conn = Native::Conn.accept(fd, template, tcp, proxy, index)
         return unless conn
 
+        if @accept_shortage&.on? # (nil until the first EMFILE)
+          @accept_shortage.over { |n, secs| "accept resumed after #{n} EMFILE retries (#{secs} s)" }
+        end
         take(conn, seconds)
       end
     rescue Errno::EMFILE, Errno::ENFILE => e
-      @logger.warn("accept: #{e.message} (open connections: #{@conns.size}); pausing accept")
+      # The connection stays in the listen queue. #resume_accepting retries every tick and whenever one
+      # of this worker's connections closes: one line per episode, not one per retry.
+      (@accept_shortage ||= Episode.new(@logger)).hit do
+        "accept: #{e.message} (open connections: #{@conns.size}); pausing accept, logged again when it resumes"
+      end
       pause_accepting
     end
 
@@ -608,7 +649,9 @@ module Blackbuck
     # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) not at all.
     # True when the next request is read already and may be served now (#progress).
     def finish_response(conn, rewatch = @multithread)
-      unless (buffered = conn.next_request(@keepalive_timeout))
+      # A stopping worker keeps a connection whose response promised keep-alive as long as it
+      # drains idle ones (#begin_graceful_stop).
+      unless (buffered = conn.next_request(@stopping ? @stop_idle_seconds : @keepalive_timeout))
         close(conn)
         return false
       end
@@ -674,10 +717,29 @@ module Blackbuck
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused
+      accept_queued
       @listeners.each { |l| l.io.close unless l.io.closed? }
-      drain_until = now + STOP_IDLE_DRAIN
+      drain_until = now + @stop_idle_seconds
       @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
       @next_tick = now # tick exits once nothing is left (#drained?), from the loop
+    end
+
+    # A stopping worker takes the connections already queued on its listeners before it closes them:
+    # the kernel resets every connection left in a listen queue when the last copy of its listener
+    # closes, and a worker that had stopped accepting (all its app threads busy without hand-off,
+    # max_connections, EMFILE) leaves a queue behind. They are read and served on the loop's next
+    # turns like the others (not here: a stop may begin inside #serve), with "Connection: close";
+    # max_connections in all at most.
+    def accept_queued
+      @listener_by_fd.each_value do |fd, template, tcp, proxy, index, seconds|
+        while @conns.size < @max_connections && (conn = Native::Conn.accept(fd, template, tcp, proxy, index))
+          @conns[conn.fd] = conn
+          conn.deadline = now + seconds
+          watch(conn, IN)
+        end
+      rescue Errno::EMFILE, Errno::ENFILE
+        nil # no descriptor for the rest: they are reset as before
+      end
     end
 
     # A second stop request: every connection is closed now (slow readers lose what they have not
@@ -736,11 +798,23 @@ module Blackbuck
       end
     end
 
-    PAGE_KIB = Etc.sysconf(Etc::SC_PAGESIZE) / 1024
+    # With max_memory_per_child, the exit line says how far RSS went: " (peak RSS N KiB)".
+    def peak_rss
+      return "" if @max_rss_kib.zero?
 
-    # max_memory_per_child: a worker whose RSS has grown past the limit finishes its
-    # connections and exits; the master starts a fresh one.
+      " (peak RSS #{File.read('/proc/self/status')[/^VmHWM:\s*(\d+)/, 1]} KiB)"
+    rescue SystemCallError
+      ""
+    end
+
+    PAGE_KIB = Etc.sysconf(Etc::SC_PAGESIZE) / 1024
+    MEMORY_CHECK_SECONDS = 0.01 # RSS is read at most this often while requests are served
+
+    # max_memory_per_child: a worker whose RSS has grown past the limit stops taking work at once,
+    # finishes its connections and exits; the master starts a fresh one. RSS is read after a request
+    # (where memory grows), MEMORY_CHECK_SECONDS apart at most, and on every tick.
     def check_memory
+      @memory_check_at = @woke_at + MEMORY_CHECK_SECONDS
       rss = File.read("/proc/self/statm").split[1].to_i * PAGE_KIB
       begin_graceful_stop("RSS #{rss} KiB is over max_memory_per_child (#{@max_rss_kib} KiB)") if rss > @max_rss_kib
     rescue SystemCallError

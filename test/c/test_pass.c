@@ -2,7 +2,8 @@
  * test_pass.c - bb_pass_send / bb_pass_recv (ext/blackbuck/bb_pass.c) under ASan/UBSan:
  * a connection's socket and record cross a SEQPACKET pair intact, its unread request bytes
  * travel with it, bytes already read travel in the message, a full queue says EAGAIN, malformed messages are refused with every fd they
- * carried closed, and no descriptor leaks (counted in /proc/self/fd before and after).
+ * carried closed, a receiver out of descriptors is told before it takes one (bb_pass_room) and told
+ * when the kernel dropped one, wake-ups are told apart and skipped, and no descriptor leaks (counted in /proc/self/fd before and after).
  */
 #define _GNU_SOURCE
 #include "bb_pass.h"
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -259,6 +261,90 @@ static void test_malformed(int chan[2])
     close(conn[1]);
 }
 
+/* A receiver out of descriptors: bb_pass_room says so before anything is taken, so the message stays
+ * queued whole for a receiver with room; one received anyway reports its dropped socket
+ * (ECONNABORTED, with its record) rather than a malformed message. RLIMIT_NOFILE is lowered around
+ * each call only. */
+static void test_no_room(int chan[2])
+{
+    struct rlimit saved, rl;
+    int conn[2], got, lowest;
+    char b;
+    struct bb_pass p, q;
+
+    pair(SOCK_STREAM, conn);
+    memset(&p, 0, sizeof(p));
+    p.requests = 5;
+    strcpy(p.addr, "192.0.2.7");
+    CHECK(bb_pass_room(chan[1], 16) == 1, "room with many descriptors free");
+    CHECK(bb_pass_send(chan[0], conn[0], &p, NULL, 0) == 0, "send: %s", strerror(errno));
+    lowest = dup(chan[1]);
+    close(lowest);
+    CHECK(getrlimit(RLIMIT_NOFILE, &saved) == 0, "getrlimit");
+    rl = saved;
+    rl.rlim_cur = (rlim_t)lowest + 4; /* 4 free */
+    CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit: %s", strerror(errno));
+    CHECK(bb_pass_room(chan[1], 0) == 1, "4 free, no reserve: room");
+    CHECK(bb_pass_room(chan[1], 3) == 1, "4 free, a reserve of 3: room");
+    errno = 0;
+    CHECK(bb_pass_room(chan[1], 4) == 0 && errno == EMFILE, "4 free, a reserve of 4: none (%s)", strerror(errno));
+    rl.rlim_cur = (rlim_t)lowest; /* none free */
+    setrlimit(RLIMIT_NOFILE, &rl);
+    errno = 0;
+    CHECK(bb_pass_room(chan[1], 0) == 0 && errno == EMFILE, "none free: no room (%s)", strerror(errno));
+    setrlimit(RLIMIT_NOFILE, &saved);
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
+    CHECK(got >= 0 && q.requests == 5, "the message stayed queued whole (%s)", strerror(errno));
+    if (got >= 0) close(got);
+
+    CHECK(bb_pass_send(chan[0], conn[0], &p, NULL, 0) == 0, "send");
+    rl.rlim_cur = (rlim_t)lowest;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    memset(&q, 0, sizeof(q));
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
+    setrlimit(RLIMIT_NOFILE, &saved);
+    CHECK(got == -1 && errno == ECONNABORTED, "received with none free: ECONNABORTED (%d, %s)", got, strerror(errno));
+    if (got >= 0) close(got);
+    CHECK(q.requests == 5 && strcmp(q.addr, "192.0.2.7") == 0, "with its record");
+    test_empty_queue(chan); /* it was taken off the queue */
+    close(conn[0]);
+    CHECK(read(conn[1], &b, 1) == 0, "the dropped socket is gone with the sender's copy: the client sees the end");
+    close(conn[1]);
+}
+
+/* A wake-up (bb_pass_wake) is no connection: bb_pass_next tells it from one without taking either,
+ * and bb_pass_recv skips it, so the connection behind it is received and nothing after. */
+static void test_wake(int chan[2])
+{
+    int conn[2], got;
+    struct bb_pass p, q;
+
+    pair(SOCK_STREAM, conn);
+    memset(&p, 0, sizeof(p));
+    p.requests = 9;
+    CHECK(bb_pass_next(chan[1]) == BB_PASS_NEXT_NONE, "nothing queued: NONE");
+    CHECK(bb_pass_wake(chan[0]) == 0, "wake: %s", strerror(errno));
+    CHECK(bb_pass_next(chan[1]) == BB_PASS_NEXT_WAKE, "a wake-up first: WAKE");
+    CHECK(bb_pass_next(chan[1]) == BB_PASS_NEXT_WAKE, "a look takes nothing");
+    CHECK(bb_pass_send(chan[0], conn[0], &p, NULL, 0) == 0, "send");
+    CHECK(bb_pass_wake(chan[0]) == 0, "wake");
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
+    CHECK(got >= 0 && q.requests == 9, "the connection behind a wake-up is received (%s)", strerror(errno));
+    if (got >= 0) close(got);
+    CHECK(bb_pass_next(chan[1]) == BB_PASS_NEXT_WAKE, "the wake-up behind it stays");
+    CHECK(bb_pass_send(chan[0], conn[0], &p, NULL, 0) == 0, "send");
+    CHECK(bb_pass_next(chan[1]) == BB_PASS_NEXT_WAKE, "still a wake-up first");
+    got = bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len);
+    CHECK(got >= 0, "recv skips it: %s", strerror(errno));
+    if (got >= 0) close(got);
+    CHECK(bb_pass_wake(chan[0]) == 0, "wake");
+    CHECK(bb_pass_recv(chan[1], &q, carried, sizeof(carried), &carried_len) == -1 && errno == EAGAIN,
+          "wake-ups alone: EAGAIN, and they are gone");
+    CHECK(bb_pass_next(chan[1]) == BB_PASS_NEXT_NONE, "nothing left");
+    close(conn[0]);
+    close(conn[1]);
+}
+
 int main(void)
 {
     int chan[2], before = open_fds();
@@ -268,6 +354,8 @@ int main(void)
     test_carried_bytes(chan);
     test_long_addr_cut(chan);
     test_malformed(chan);
+    test_no_room(chan);
+    test_wake(chan);
     close(chan[0]);
     close(chan[1]);
     test_full_queue();

@@ -19,6 +19,15 @@ class ListenersParseTest < Minitest::Test
     }.each { |addr, want| assert_equal want, Blackbuck::Listeners.parse(addr), addr }
   end
 
+  # The status listener's address without a host binds loopback; an app listener's, every interface.
+  def test_forms_without_a_host_take_the_bare_host
+    { ":9393" => [:tcp, "127.0.0.1", 9393], "9393" => [:tcp, "127.0.0.1", 9393],
+      "0.0.0.0:9393" => [:tcp, "0.0.0.0", 9393], "unix:/tmp/s.sock" => [:unix, nil, "/tmp/s.sock"] }.each do |addr, want|
+      assert_equal want, Blackbuck::Listeners.parse(addr, bare_host: "127.0.0.1"), addr
+    end
+    assert_equal [:tcp, "0.0.0.0", 9393], Blackbuck::Listeners.parse("9393")
+  end
+
   def test_bad_forms
     ["", "host:", "a:b:c", "[::1]", "127.0.0.1:70000", "http://x:1"].each do |a|
       assert_raises(Blackbuck::ConfigError, a.inspect) { Blackbuck::Listeners.parse(a) }

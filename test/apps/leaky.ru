@@ -1,0 +1,12 @@
+# frozen_string_literal: true
+
+# For the recycling tests: every request with ?leak=KIB keeps that many KiB for good (a memory
+# leak in the app); every answer names the worker's pid.
+LEAKED = []
+
+run lambda { |env|
+  kib = env["QUERY_STRING"].to_s[/leak=(\d+)/, 1]
+  LEAKED << ("x" * (Integer(kib) * 1024)) if kib
+  body = "pid=#{Process.pid}\n"
+  [200, { "content-type" => "text/plain", "content-length" => body.bytesize.to_s }, [body]]
+}

@@ -1,0 +1,190 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+
+# A worker out of file descriptors (issue 21, defects 4 and 6b). The app (descriptors.ru) makes the
+# worker that runs GET /hog hold every descriptor it can open. Such a worker takes no connection
+# another worker moves to it (the kernel would drop the descriptor it cannot install, and the client
+# would be reset): the connection stays queued on the hand-off socket for a worker with room, and is
+# answered. The refusal shows in /metrics and is logged once, not once per retry; so is a run of
+# EMFILE from accept.
+class HandoffLimitsTest < ServerTest
+  SLOW = 1.5 # seconds the slow request that makes a worker move its waiting connections runs
+  REFUSED_LINE = /WARN hand-off: .*no descriptor free to take a moved connection/
+  ACCEPT_LINE = /WARN accept: .*pausing accept/
+  RESUMED_LINE = /INFO accept resumed after (\d+) EMFILE retries/
+
+  def get(io, path)
+    res = request(io, "GET", path)
+    refute_nil res, "no answer to GET #{path}"
+    assert_equal 200, res.status
+    res
+  end
+
+  def send_get(io, path) = io.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+
+  def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
+
+  # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
+  def same_worker_pair(server)
+    conns = Array.new(8) { server.tcp }
+    pids = conns.map { |c| served_by(get(c, "/")) }
+    i, j = (0...conns.size).to_a.combination(2).find { |x, y| pids[x] == pids[y] }
+    refute_nil i, "no two of 8 connections landed on one worker: #{pids.inspect}"
+    (conns - [conns[i], conns[j]]).each(&:close)
+    [conns[i], conns[j], pids[i]]
+  end
+
+  # A keep-alive connection on the worker that is not `pid`: opened while `pid` runs a slow request
+  # on `a`, so the other worker accepts it.
+  def other_worker_conn(server, a, pid)
+    send_get(a, "/?sleep=0.5")
+    sleep 0.1
+    h = server.tcp
+    res = get(h, "/")
+    refute_equal pid, served_by(res), "the other worker accepted it"
+    assert_equal pid, served_by(read_response(a))
+    h
+  end
+
+  def metric(stats, name)
+    stats_get(stats, "/metrics")[/^#{Regexp.escape(name)} (\d+)$/, 1]&.to_i
+  end
+
+  def start_with_stats(args, workers:)
+    dir = Dir.mktmpdir("bb-test")
+    stats = "#{dir}/status.sock"
+    server = start_server(["-l", "127.0.0.1:0", "--stats-listen", "unix:#{stats}", *args], dir: dir,
+                                                                                          app: "descriptors.ru",
+                                                                                          workers: workers)
+    [server, stats]
+  end
+
+  # Worker B holds every descriptor; worker A runs a slow request, and its watcher moves the
+  # connection whose request waits meanwhile. B, idle, is woken for it but has no descriptor to
+  # take it with: it leaves it queued, and A (or B, once it has room) answers it. Today's code took
+  # it and the kernel dropped the socket: the client was reset.
+  def test_a_worker_out_of_descriptors_leaves_moved_connections_to_others
+    server, stats = start_with_stats([], workers: 2)
+    a, b, pid = same_worker_pair(server)
+    h = other_worker_conn(server, a, pid)
+    hog = get(h, "/hog?free=0")
+    other = served_by(hog)
+    assert_operator hog.body[/held=(\d+)/, 1].to_i, :>, 100, "the other worker holds its descriptors"
+
+    send_get(a, "/?sleep=#{SLOW}")
+    sleep 0.2 # the slow request is in the app
+    send_get(b, "/waiting")
+    res = read_response(b, timeout: 10)
+    refute_nil res, "the waiting request is answered, not reset"
+    assert_equal 200, res.status
+    assert_equal 200, read_response(a, timeout: 10)&.status
+    refused = wait_for { (n = metric(stats, 'blackbuck_handoff_failures_total{reason="refused"}')) && n >= 1 && n }
+    assert_operator refused, :>=, 1
+    assert_equal 0, metric(stats, 'blackbuck_handoff_failures_total{reason="lost"}'), "no connection was lost"
+
+    # More moves while it still has no room: still answered, still one log line.
+    2.times do |i|
+      send_get(a, "/?sleep=#{SLOW}")
+      sleep 0.2
+      assert_equal 200, get(b, "/waiting-#{i}").status
+      assert_equal 200, read_response(a, timeout: 10)&.status
+    end
+    assert_equal 1, server.log.scan(REFUSED_LINE).size, "logged once while it lasts:\n#{server.log}"
+
+    # With room again, it takes moved connections again.
+    assert_equal 0, get(h, "/release").body[/held=(\d+)/, 1].to_i
+    sleep 0.6 # a tick: it polls the hand-off socket again
+    send_get(a, "/?sleep=#{SLOW}")
+    sleep 0.2
+    assert_equal other, served_by(get(b, "/moved")), "moved to the worker with room again"
+    assert_equal 200, read_response(a, timeout: 10)&.status
+    status = JSON.parse(stats_get(stats, "/status"))
+    assert_operator status["totals"]["handoff_failures"]["refused"], :>=, 1
+    assert_match(/INFO hand-off: taking moved connections again \(\d+ refused over [\d.]+ s\)/, server.log)
+  ensure
+    [a, b, h].each { |io| io&.close }
+  end
+
+  # Three workers: A runs a slow request, B holds every descriptor, C is free. Workers poll the
+  # hand-off socket with EPOLLEXCLUSIVE, so the kernel wakes one of them for a moved connection; when
+  # B is the one, it passes the wake-up on as it refuses, and C serves the request at once rather
+  # than after A's slow one.
+  def test_a_refused_connection_goes_to_a_free_worker_at_once
+    server, stats = start_with_stats([], workers: 3)
+    a, b, pid = same_worker_pair(server)
+    # One connection on each of the two other workers: each opened while the workers before it run
+    # a slow request.
+    send_get(a, "/?sleep=1")
+    sleep 0.1
+    c1 = server.tcp
+    send_get(c1, "/?sleep=0.5")
+    sleep 0.1
+    c2 = server.tcp
+    r2 = get(c2, "/")
+    r1 = read_response(c1)
+    assert_equal pid, served_by(read_response(a))
+    assert_equal 3, [pid, served_by(r1), served_by(r2)].uniq.size, "one connection on each worker"
+    hogs = { served_by(r1) => c1, served_by(r2) => c2 }
+    free = nil
+    # Which of B and C the kernel wakes first depends on the order they registered: hog each in turn.
+    hogs.each do |hog_pid, h|
+      get(h, "/hog?free=0")
+      free = (hogs.keys - [hog_pid]).first
+      send_get(a, "/?sleep=#{SLOW}")
+      sleep 0.2
+      t = now
+      res = get(b, "/waiting")
+      waited = now - t
+      assert_operator waited, :<, SLOW / 2, "the moved request waited #{waited.round(3)} s with a worker free"
+      assert_equal free, served_by(res), "the free worker served it"
+      assert_equal pid, served_by(read_response(a, timeout: 10))
+      # b is the free worker's now: back to a pair on A for the next round.
+      get(h, "/release")
+      b.close
+      b = conn_on_idle_worker(server, hogs.values)
+      assert_equal pid, served_by(get(b, "/"))
+    end
+    assert_equal 0, metric(stats, 'blackbuck_handoff_failures_total{reason="lost"}')
+  ensure
+    [a, b, c1, c2].each { |io| io&.close }
+  end
+
+  # Defect 6b: a worker out of descriptors retries accept every tick (and whenever a connection
+  # closes); it logs once when accept starts failing and once when it resumes, with the count, not
+  # a line per retry. The clients that waited in the listen queue are served once it has room.
+  def test_emfile_on_accept_is_logged_once_per_episode
+    server, = start_with_stats([], workers: 1)
+    h = server.tcp
+    get(h, "/hog?free=0")
+    clients = Array.new(3) { server.tcp }
+    clients.each { |c| send_get(c, "/") }
+    wait_for { server.log.include?("pausing accept") }
+    sleep 2 # about four ticks: four retries
+    assert_equal 1, server.log.scan(ACCEPT_LINE).size, "one line for the episode:\n#{server.log}"
+    get(h, "/release")
+    clients.each { |c| assert_equal 200, read_response(c, timeout: 5)&.status }
+    retries = Integer(wait_for { server.log[RESUMED_LINE, 1] })
+    assert_operator retries, :>=, 3, "the retries are counted"
+    assert_equal 1, server.log.scan(ACCEPT_LINE).size
+    assert_equal 1, server.log.scan(RESUMED_LINE).size
+  ensure
+    [h, *clients].each { |io| io&.close }
+  end
+
+  private
+
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # A new connection, accepted by the one worker not busy with a slow request on one of `busy`.
+  def conn_on_idle_worker(server, busy)
+    busy.each { |c| send_get(c, "/?sleep=0.5") }
+    sleep 0.1
+    conn = server.tcp
+    conn.write("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n") # accepted now, answered below
+    busy.each { |c| assert_equal 200, read_response(c)&.status }
+    assert_equal 200, read_response(conn)&.status
+    conn
+  end
+end
