@@ -717,8 +717,7 @@ module Blackbuck
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused
-      accept_queued
-      @listeners.each { |l| l.io.close unless l.io.closed? }
+      close_listeners
       drain_until = now + @stop_idle_seconds
       @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
       @next_tick = now # tick exits once nothing is left (#drained?), from the loop
@@ -730,16 +729,24 @@ module Blackbuck
     # max_connections, EMFILE) leaves a queue behind. They are read and served on the loop's next
     # turns like the others (not here: a stop may begin inside #serve), with "Connection: close";
     # max_connections in all at most.
-    def accept_queued
-      @listener_by_fd.each_value do |fd, template, tcp, proxy, index, seconds|
-        while @conns.size < @max_connections && (conn = Native::Conn.accept(fd, template, tcp, proxy, index))
-          @conns[conn.fd] = conn
-          conn.deadline = now + seconds
-          watch(conn, IN)
-        end
-      rescue Errno::EMFILE, Errno::ENFILE
-        nil # no descriptor for the rest: they are reset as before
+    # Each listener is closed right after its queue is taken, so what connects in between (and is
+    # reset) is as little as can be.
+    def close_listeners
+      @listeners.each do |l|
+        accept_queued(@listener_by_fd[l.fd]) unless l.io.closed?
+        l.io.close unless l.io.closed?
       end
+    end
+
+    def accept_queued(listener)
+      fd, template, tcp, proxy, index, seconds = listener
+      while @conns.size < @max_connections && (conn = Native::Conn.accept(fd, template, tcp, proxy, index))
+        @conns[conn.fd] = conn
+        conn.deadline = now + seconds
+        watch(conn, IN)
+      end
+    rescue Errno::EMFILE, Errno::ENFILE
+      nil # no descriptor for the rest: they are reset as before
     end
 
     # A second stop request: every connection is closed now (slow readers lose what they have not

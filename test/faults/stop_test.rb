@@ -38,6 +38,9 @@ class StopFaultTest < FaultTest
 
   # TERM under load, connection-per-request clients on TCP: every connection the kernel queued
   # before the listeners closed is answered; what comes after is refused (a balancer retries it).
+  # One kind of loss is the kernel's: a connection whose handshake completes in the instant between
+  # a worker's last accept and its close of the listener is reset; a client connecting in a loop
+  # can meet that instant once at most.
   [1, 4].each do |threads|
     define_method("test_term_under_load_serves_or_refuses_threads_#{threads}") do
       dir = Dir.mktmpdir("bb-test")
@@ -48,7 +51,8 @@ class StopFaultTest < FaultTest
       server.signal(:TERM)
       assert server.wait_exit(30)&.success?
       load.stop
-      assert_nothing_lost(load, allowed: { refused: Float::INFINITY })
+      assert_nothing_lost(load, allowed: { refused: Float::INFINITY, eof_new: 3 })
+      assert_empty load.results[:eof_new].reject { |client, _| client.start_with?("tcp-") }
     end
   end
 end
