@@ -122,7 +122,7 @@ module Blackbuck
         @children.each_value { |c| tell_stop(c) if c.index >= @wanted }
       when :USR1
         @logger.reopen
-        @children.each_key { |pid| signal(:USR1, pid) }
+        (@children.keys + @old_workers.keys).each { |pid| signal(:USR1, pid) } # old ones still write to it too
       when :CHLD
         reap
       else

@@ -104,10 +104,12 @@ class HandoffUnitTest < Minitest::Test
     pairs = Array.new(3) { idle_conn }
     pairs.each { |_, client| client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
     sleep 0.01
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     @handoff.request_start(0, app_conn, 0.0)
-    sleep AFTER * 1.5 # one turn at most
+    sleep AFTER * 1.5 # one turn, when this thread wakes in time (on a loaded CPU it may not)
     first = @handoff.request_done(0, 0) || []
-    assert_operator first.size, :<=, 1, "moved at once: #{first.inspect}"
+    turns = ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) / AFTER).floor
+    assert_operator first.size, :<=, [turns, 1].max, "moved at once: #{first.inspect} in #{turns} turns"
     @handoff.request_start(0, app_conn, 0.0)
     sleep AFTER * 30
     rest = @handoff.request_done(0, 0) || []
