@@ -6,6 +6,7 @@ require "tmpdir"
 require "timeout"
 require "fileutils"
 require "rbconfig"
+require "json"
 
 ROOT = File.expand_path("..", __dir__)
 EXE = File.join(ROOT, "exe", "blackbuck")
@@ -116,7 +117,8 @@ class ServerProcess < ChildProcess
     end
   end
 
-  def wait_ready(timeout: 20)
+  # timeout: a bound for a boot that went wrong, not a measure (a loaded machine boots Ruby slowly).
+  def wait_ready(timeout: 60)
     deadline = now + timeout
     loop do
       l = log
@@ -348,11 +350,16 @@ class ServerTest < Minitest::Test
     raise
   end
 
-  # Listeners on TCP 127.0.0.1 and a UNIX socket in a fresh directory.
-  def start_both(args = [], **opts)
+  # Listeners on TCP 127.0.0.1 and a UNIX socket in a fresh directory; stats: a status listener too,
+  # at #stats_path(server), through which a test sees the workers' state.
+  def start_both(args = [], stats: false, **opts)
     dir = Dir.mktmpdir("bb-test")
+    args = [*args, "--stats-listen", "unix:#{dir}/status.sock"] if stats
     start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", *args], dir: dir, **opts)
   end
+
+  # Where start_both(stats: true) puts the status listener (a UNIX socket in the server's directory).
+  def stats_path(server) = "#{server.dir}/status.sock"
 
   FRESH_BOUND = 1.0 # seconds: a fresh request must be served this fast while slow clients wait
 
@@ -373,15 +380,57 @@ class ServerTest < Minitest::Test
     assert_operator elapsed, :<, FRESH_BOUND, "a fresh request waited #{elapsed.round(2)} s behind #{behind}"
   end
 
-  # Polls the block until it returns a truthy value (returned), or raises after timeout.
-  def wait_for(timeout = 15)
+  # Polls the block until it returns a truthy value (returned), or raises after timeout. Tests wait
+  # for the state they assert this way, never for a time: a loaded machine makes any time too short.
+  def wait_for(timeout = 15, what = "condition")
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
     until (v = yield)
-      raise "condition not met within #{timeout}s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      raise "#{what} not met within #{timeout}s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 
       sleep 0.05
     end
     v
+  end
+
+  # The /status JSON of a status listener on a UNIX socket (--stats-listen unix:PATH).
+  def status_json(stats) = JSON.parse(stats_get(stats, "/status"))
+
+  # Waits until the status listener shows worker `pid` (any worker when nil) running a request in
+  # its app (its scoreboard slot is busy from request_start to request_done); returns its entry.
+  def wait_until_in_app(stats, pid = nil, timeout = 15)
+    wait_for(timeout, "worker #{pid} running a request in its app") do
+      status_json(stats)["workers"].find { |w| (pid.nil? || w["pid"] == pid) && w["state"] == "busy" }
+    end
+  end
+
+  # Asserts that the server logs a line matching pattern, waiting for it: a worker may write it
+  # after its answer has gone out.
+  def assert_logged(server, pattern, timeout = 15)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
+    sleep 0.05 until server.log.match?(pattern) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    assert_match(pattern, server.log)
+  end
+
+  # /status once every worker has ticked after `since` (a CLOCK_MONOTONIC time; the scoreboard's
+  # heartbeat), and the block, when given, accepts it. A worker publishes some numbers only on its
+  # tick (moves, connections; every Worker::TICK_SECONDS): then they are at least as new as `since`.
+  def status_after(stats, since, timeout = 15)
+    wait_for(timeout, "every worker ticking after the moment waited for") do
+      # taken before the request: a worker whose heartbeat is younger than this ticked after `since`
+      elapsed_ms = (Process.clock_gettime(Process::CLOCK_MONOTONIC) - since) * 1000
+      s = status_json(stats)
+      ticked = s["workers"].all? { |w| w["heartbeat_age_ms"] && w["heartbeat_age_ms"] < elapsed_ms }
+      s if ticked && (!block_given? || yield(s))
+    end
+  end
+
+  # /status once nothing is in flight: every worker idle and holding no connection, as published on
+  # a tick after `since` (when the clients had their last answers and closed). A request served
+  # twice would be counted by then.
+  def settled_status(stats, since, timeout = 15)
+    status_after(stats, since, timeout) do |s|
+      s["totals"]["connections"].zero? && s["workers"].all? { |w| w["state"] == "idle" }
+    end
   end
 
   # What a process holds open (the targets of /proc/PID/fd links).

@@ -10,11 +10,14 @@ require "open3"
 # shutdown_delay, the new version started, /ready awaited), then every host is HUP re-executed
 # with newer code. No request may fail, and every answer must come from a live version.
 # Everything the test makes (namespaces, links, processes) is removed by name it chose / by pid.
+# Each step waits for the state the next one needs (HAProxy's own view of a host, through its
+# runtime API; answers the load has had), never for a time: a loaded machine makes any time too short.
 class RollingDeployTest < ServerTest
   HOSTS = 3
   APP_PORT = 8080
   STATS_PORT = 9393
   LOAD_THREADS = 4
+  ANSWERS = 50 # answers the load must get at a step (e.g. from the first version before the roll)
 
   def setup
     skip "needs root (network namespaces)" unless Process.uid.zero?
@@ -108,14 +111,19 @@ class RollingDeployTest < ServerTest
 
   def start_haproxy
     @port = free_port
+    # timeout check: without it a check gets `inter` (250 ms) for its answer, and fall 1 takes a
+    # healthy host out whenever a busy machine answers /ready later than that; a host that says 503
+    # (TERM) or refuses the connection (stopped) still goes out at its first check.
     File.write("#{@dir}/haproxy.cfg", <<~CFG)
       global
         maxconn 512
+        stats socket #{haproxy_socket} mode 600 level admin
       defaults
         mode http
         timeout connect 2s
         timeout client 30s
         timeout server 30s
+        timeout check 5s
         retries 3
         option redispatch
         retry-on conn-failure empty-response response-timeout
@@ -130,11 +138,35 @@ class RollingDeployTest < ServerTest
       #{(1..HOSTS).map { |n| "  server h#{n} #{addr(n)}:#{APP_PORT}" }.join("\n")}
     CFG
     @haproxy = ChildProcess.new(["/usr/sbin/haproxy", "-db", "-f", "#{@dir}/haproxy.cfg"], log_path: "#{@dir}/haproxy.log")
-    wait_for(10) do
+    wait_for(30) do
       flunk("haproxy exited: #{@haproxy.log}") if @haproxy.exited?
       answers = Array.new(9) { get_through_haproxy }
       answers.map { |a| a.to_s.split.last }.uniq.size == HOSTS
     end
+  end
+
+  def haproxy_socket = "#{@dir}/haproxy.sock"
+
+  # HAProxy's view of host n (its runtime API, `show servers state`): in service, its checks passing.
+  def haproxy_up?(n)
+    out = UNIXSocket.open(haproxy_socket) do |s|
+      s.write("show servers state app\n")
+      s.read
+    end
+    names = out.lines.find { |l| l.start_with?("# ") }&.delete_prefix("# ")&.split
+    server = out.lines.map { |l| names.to_a.zip(l.split).to_h }.find { |f| f["srv_name"] == "h#{n}" }
+    raise "no h#{n} in HAProxy's servers state:\n#{out}" unless server
+
+    server["srv_op_state"] == "2" # SRV_ST_RUNNING
+  end
+
+  # Until HAProxy sends host n requests again.
+  def wait_in_service(n) = wait_for(30, "HAProxy taking h#{n} back") { haproxy_up?(n) }
+
+  # Until the load has had `more` answers more (failures count too: they are what the test looks for).
+  def wait_answers(more = ANSWERS)
+    goal = @results.size + more
+    wait_for(60, "#{more} more answers to the load") { @results.size >= goal }
   end
 
   def get_through_haproxy
@@ -171,14 +203,15 @@ class RollingDeployTest < ServerTest
     (1..HOSTS).each { |n| start_host(n, "v1") }
     start_haproxy
     start_load
-    sleep 1
+    wait_answers # from the first version
     (1..HOSTS).each do |n| # replace the code host by host
       old = @hosts["h#{n}"][:proc]
       old.signal(:TERM)
+      wait_for(30, "HAProxy taking h#{n} out") { !haproxy_up?(n) } # /ready says 503 (shutdown_delay)
       assert old.wait_exit(20)&.success?, "h#{n} v1 stops cleanly: #{old.log}"
       assert_match(/TERM: not ready/, old.log)
       start_host(n, "v2")
-      sleep 0.6 # HAProxy's health check (every 250 ms, rise 1) takes it back
+      wait_in_service(n) # HAProxy's health check (every 250 ms, rise 1) takes it back before the next goes
     end
     (1..HOSTS).each do |n| # then a HUP re-exec with newer code on every host
       File.write("#{@dir}/h#{n}.version", "v3")
@@ -186,8 +219,9 @@ class RollingDeployTest < ServerTest
       host.signal(:HUP)
       wait_for(60) { host.log.include?("new workers ready") }
       wait_for(30) { host.log.scan(/old worker \(pid \d+\) exited/).size >= 2 }
+      wait_in_service(n)
     end
-    sleep 1
+    wait_answers # from the newest code only
     @stop = true
     @load.each { |t| t.join(20) }
     results = []

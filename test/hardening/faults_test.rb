@@ -33,8 +33,7 @@ class FaultsTest < ServerTest
     assert_equal 503, res.status
     assert_equal "close", res["connection"]
     assert closed_by_peer?(io)
-    sleep 0.2
-    assert_match(/cannot buffer a request body: .*No space left on device/, server.log)
+    assert_logged(server, /cannot buffer a request body: .*No space left on device/)
 
     assert_equal pid_before, worker_pid_of(server), "the same worker serves on: it did not crash"
     io2 = server.tcp

@@ -83,7 +83,7 @@ class ResponseSpillHardeningTest < ServerTest
     server = spill_server(["--write-timeout", "5"])
     worker = server.worker_pids.first
     io = stalled_request(server, "/array?parts=#{ARRAY_PARTS}")
-    sleep 0.3
+    wait_for(15, "a spill file") { spill_files(server, worker).any? } # the reader stalls: the worker queues the rest
     assert_fresh_request_served(server, behind: "a stalled reader")
     assert_equal 1, spill_files(server, worker).size, "the unsent part of the Array body is in a spill file"
 
@@ -186,7 +186,7 @@ class ResponseSpillHardeningTest < ServerTest
     server = spill_server(["--write-timeout", "5"])
     worker = server.worker_pids.first
     io = stalled_request(server, path)
-    sleep 0.3
+    wait_for(15, "a spill file") { spill_files(server, worker).any? } # the reader stalls: the worker queues the rest
     assert_fresh_request_served(server, behind: "a stalled reader")
     assert_equal 1, spill_files(server, worker).size, "a spill file in $TMPDIR while the reader stalls"
     sleep 1.2

@@ -95,12 +95,12 @@ class SlowClientsHardeningTest < ServerTest
   # drops the client once write_timeout passes.
   def test_reader_that_never_reads_is_dropped_after_the_write_timeout
     server = start_server(["-l", "127.0.0.1:0", "--write-timeout", "2"], app: "kitchen.ru")
+    worker = server.worker_pids.first
+    idle_fds = socket_fds(worker)
     io = server.tcp
     io.write("GET /big?n=20000000 HTTP/1.1\r\nHost: x\r\n\r\n")
     started = now
-    sleep 0.3
-    worker = server.worker_pids.first
-    busy_fds = socket_fds(worker)
+    busy_fds = wait_for(15, "the worker holding the client") { (n = socket_fds(worker)) > idle_fds && n }
     assert_fresh_request_served(server)
     sleep 1
     assert_fresh_request_served(server)

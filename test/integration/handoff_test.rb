@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
 require_relative "../test_helper"
-require "json"
 
 # handoff_after (Native::Handoff): a request that arrives on a keep-alive connection of a worker
 # whose app is busy with a slow request is served by a free worker, not held hostage; the connection
@@ -11,6 +10,7 @@ require "json"
 class HandoffTest < ServerTest
   SLOW = 1.5  # seconds the slow request runs
   BOUND = 0.8 # seconds: a moved request must be answered well within the slow one's time
+  HELD = 3    # seconds both workers run a request for while a moved one waits for them
 
   # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
   # A worker accepts every pending connection at once, so a handful opened together share one.
@@ -30,10 +30,23 @@ class HandoffTest < ServerTest
     res
   end
 
+  # Two workers with a status listener: the tests see through it when a worker runs its app, and
+  # what the moves were.
+  def start_handoff(args = []) = start_both(args, stats: true, app: "handoff.ru", workers: 2)
+
   # Sends a GET without waiting for its answer.
   def send_get(io, path) = io.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
 
   def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
+
+  # Bytes waiting on the server's hand-off socket (the SOCK_SEQPACKET pair its master made, which its
+  # workers inherit): a moved connection waits there until a worker takes it. From ss(8), which
+  # shows every UNIX socket's receive queue and the processes that hold it.
+  def handoff_queued(server)
+    IO.popen(["ss", "-x", "-a", "-p"], &:read).lines.sum do |l|
+      l.start_with?("u_seq") && l.include?("pid=#{server.pid},") ? Integer(l.split[2]) : 0
+    end
+  end
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -42,7 +55,7 @@ class HandoffTest < ServerTest
   def hostage(server, transport)
     a, b, pid = same_worker_pair(-> { transport == :unix ? server.unix : server.tcp })
     send_get(a, "/?sleep=#{SLOW}")
-    sleep 0.2 # the slow request is in the app
+    wait_until_in_app(stats_path(server), pid) # so a request on b now waits behind it (or moves)
     t = now
     res = get(b, "/fast")
     waited = now - t
@@ -53,7 +66,7 @@ class HandoffTest < ServerTest
   end
 
   def test_a_waiting_request_moves_to_a_free_worker_over_tcp
-    server = start_both(app: "handoff.ru", workers: 2)
+    server = start_handoff
     waited, by, slow_pid, a, b = hostage(server, :tcp)
     assert_operator waited, :<, BOUND, "the fast request waited #{waited.round(3)} s behind the slow one"
     refute_equal slow_pid, by, "the other worker answered it"
@@ -65,7 +78,7 @@ class HandoffTest < ServerTest
   end
 
   def test_a_waiting_request_moves_to_a_free_worker_over_unix
-    server = start_both(app: "handoff.ru", workers: 2)
+    server = start_handoff
     waited, by, slow_pid, a, b = hostage(server, :unix)
     assert_operator waited, :<, BOUND, "the fast request waited #{waited.round(3)} s behind the slow one"
     refute_equal slow_pid, by
@@ -76,7 +89,7 @@ class HandoffTest < ServerTest
 
   # The control: with the watcher off, the same request waits for the slow one (the old behaviour).
   def test_without_handoff_the_request_waits_for_the_slow_one
-    server = start_both(["--handoff-after", "0"], app: "handoff.ru", workers: 2)
+    server = start_handoff(["--handoff-after", "0"])
     waited, by, slow_pid, a, b = hostage(server, :tcp)
     assert_operator waited, :>, SLOW - 0.5, "with handoff_after 0 nothing moves"
     assert_equal slow_pid, by
@@ -86,8 +99,9 @@ class HandoffTest < ServerTest
 
   # A PROXY protocol client address and the keep-alive request count travel with the connection.
   def test_a_moved_connection_keeps_its_client_address_and_request_count
-    server = start_server(["-l", "127.0.0.1:0", "--proxy-protocol", "--max-keepalive-requests", "3"],
-                          app: "handoff.ru", workers: 2)
+    dir = Dir.mktmpdir("bb-test")
+    server = start_server(["-l", "127.0.0.1:0", "--proxy-protocol", "--max-keepalive-requests", "3",
+                           "--stats-listen", "unix:#{dir}/status.sock"], dir: dir, app: "handoff.ru", workers: 2)
     n = 0
     open = lambda do
       s = server.tcp
@@ -98,7 +112,7 @@ class HandoffTest < ServerTest
     addr = get(b, "/").body[/addr=(\S+)/, 1] # b's second request, still on the first worker
     assert_match(/\A203\.0\.113\.\d+\z/, addr)
     send_get(a, "/?sleep=#{SLOW}")
-    sleep 0.2
+    wait_until_in_app(stats_path(server), pid)
     res = get(b, "/third") # its third: moved, and the last max_keepalive_requests allows
     refute_equal pid, served_by(res), "the request moved"
     assert_equal addr, res.body[/addr=(\S+)/, 1], "REMOTE_ADDR from the PROXY header survives the move"
@@ -111,21 +125,20 @@ class HandoffTest < ServerTest
 
   # Moves show in /status (per worker and in total) and /metrics; no descriptor stays behind.
   def test_moves_are_counted_and_leave_no_descriptor_behind
-    dir = Dir.mktmpdir("bb-test")
-    stats = "#{dir}/status.sock"
-    server = start_server(["-l", "127.0.0.1:0", "--stats-listen", "unix:#{stats}"], dir: dir, app: "handoff.ru",
-                                                                                     workers: 2)
+    server = start_handoff
+    stats = stats_path(server)
     pids = server.worker_pids
     baseline = pids.to_h { |p| [p, socket_fds(p)] }
     _waited, by, slow_pid, a, b = hostage(server, :tcp)
     refute_equal slow_pid, by
-    status = wait_for do
-      s = JSON.parse(stats_get(stats, "/status"))
-      s if s["totals"]["moved"] >= 1 && s["workers"].sum { |w| w["moved_in"] } >= 1
-    end
+    # Both moves are over (the slow answer came after them); a worker publishes its counts on its
+    # tick, so the counts are read once both have ticked since.
+    status = status_after(stats, now)
     workers = status["workers"].to_h { |w| [w["pid"], w] }
-    assert_equal 1, workers[slow_pid]["moved_out"]
-    assert_equal 1, workers[by]["moved_in"]
+    seen = "workers: #{status['workers'].map { |w| w.slice('pid', 'moved_out', 'moved_in') }}"
+    assert_equal [1, 0], workers[slow_pid].values_at("moved_out", "moved_in"), "the slow worker moved one out; #{seen}"
+    assert_equal [0, 1], workers[by].values_at("moved_out", "moved_in"), "the other took it in; #{seen}"
+    assert_equal 1, status["totals"]["moved"]
     assert_equal 1, status["recent"]["moved"]
     assert_operator workers[by]["queue_time"]["p99"], :<, BOUND
     metrics = stats_get(stats, "/metrics")
@@ -140,15 +153,17 @@ class HandoffTest < ServerTest
   # Both workers are busy, so the moved connection waits on the hand-off socket when TERM comes:
   # it is still served (then closed with the rest), and every request is answered once.
   def test_term_while_a_moved_connection_waits_for_a_worker
-    server = start_both(app: "handoff.ru", workers: 2)
+    server = start_handoff
     a1, b, pid = same_worker_pair(-> { server.tcp })
-    send_get(a1, "/?sleep=#{SLOW}")
-    sleep 0.2
+    send_get(a1, "/?sleep=#{HELD}")
+    wait_until_in_app(stats_path(server), pid)
     a2 = server.tcp # the other worker accepts it (the first is in its app)
-    send_get(a2, "/?sleep=#{SLOW}")
-    sleep 0.2
+    send_get(a2, "/?sleep=#{HELD}")
+    wait_for(15, "both workers in their apps") do
+      status_json(stats_path(server))["workers"].all? { |w| w["state"] == "busy" }
+    end
     send_get(b, "/waiting")
-    sleep 0.2 # moved out by now; no worker is free
+    wait_for(15, "b moved to the hand-off socket") { handoff_queued(server).positive? } # no worker is free to take it
     server.signal(:TERM)
     r1 = read_response(a1, timeout: 10)
     r2 = read_response(a2, timeout: 10)
@@ -168,18 +183,13 @@ class HandoffTest < ServerTest
   # before any answer is sent again (it reached no app: a worker closes only idle connections).
   # Then the server's count of requests served equals the answers, and each answer echoes its id.
   def test_every_request_is_served_once_under_load_with_recycling
-    dir = Dir.mktmpdir("bb-test")
-    stats = "#{dir}/status.sock"
-    server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{stats}",
-                           "--max-requests-per-child", "40", "--min-requests-per-child", "20"],
-                          dir: dir, app: "handoff.ru", workers: 2)
+    server = start_handoff(["--max-requests-per-child", "40", "--min-requests-per-child", "20"])
     clients, per_client = 6, 50
     results = numbered_requests(server, clients: clients, per_client: per_client, slow_every: 4)
+    finished = now # every client has its answers and has closed its connection
     assert_equal clients * per_client, results.size
     results.each { |id, status, echoed| assert_equal [200, id], [status, echoed], "the answer to #{id}" }
-    wait_for { JSON.parse(stats_get(stats, "/status"))["totals"]["requests"] >= results.size }
-    sleep 0.2 # a request served twice would be counted by now
-    served = JSON.parse(stats_get(stats, "/status"))["totals"]
+    served = settled_status(stats_path(server), finished)["totals"] # a request served twice is counted by then
     assert_equal results.size, served["requests"], "requests served by the server vs answers the clients got"
     assert_operator served["moved"], :>, 0, "connections moved while the 30 ms requests ran"
     assert_operator server.log.scan(/worker \d+ \(pid \d+\) ready/).size, :>, 2, "workers were recycled"

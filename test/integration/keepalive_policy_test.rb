@@ -38,7 +38,8 @@ class KeepalivePolicyTest < ServerTest
     io = server.tcp
     assert_nil request(io, "GET", "/hello")["connection"]
     server.signal(:TERM)
-    sleep 0.2 # the worker has begun its stop; it answers idle connections for STOP_IDLE_DRAIN
+    # the worker has begun its stop; it answers idle connections for STOP_IDLE_DRAIN
+    wait_for(15, "the worker's stop") { server.log.match?(/worker 0 \(pid \d+\) stopping: /) }
     res = request(io, "GET", "/hello")
     assert_equal 200, res.status
     assert_equal "close", res["connection"]

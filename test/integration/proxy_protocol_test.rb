@@ -223,7 +223,10 @@ class ProxyProtocolTest < ServerTest
   # address can only come from the header.
   def test_behind_haproxy
     skip "haproxy is not installed (bin/setup installs it)" unless HAProxy.available?
-    server = start_proxied
+    dir = Dir.mktmpdir("bb-test")
+    stats = "#{dir}/status.sock"
+    server = start_server(["-l", "127.0.0.1:0", "--proxy-protocol", "--stats-listen", "unix:#{stats}"], dir: dir,
+                                                                                                       app: "kitchen.ru")
     haproxy = @haproxy = HAProxy.new(server.tcp_port)
     [[:v1, "127.0.0.2"], [:v1, "::1"], [:v2, "127.0.0.2"], [:v2, "::1"]].each do |version, client|
       io = haproxy.connect(version, from: client)
@@ -231,7 +234,9 @@ class ProxyProtocolTest < ServerTest
       assert_equal client, env_on(io)["REMOTE_ADDR"], "#{version} from #{client}: the next request"
       io.close
     end
-    sleep 1 # ten health checks (send-proxy-v2 sends them a header too); fall 1: one failure marks it down
+    # ten health checks answered (send-proxy-v2 sends them a header too; fall 1: one failure marks it down)
+    served = status_json(stats)["totals"]["requests"]
+    wait_for(15, "ten health checks answered") { status_json(stats)["totals"]["requests"] >= served + 10 }
     io = haproxy.connect(:v2, from: "127.0.0.2")
     assert_equal "127.0.0.2", env_on(io)["REMOTE_ADDR"], "the checks passed: the server is still up"
   ensure
@@ -276,6 +281,9 @@ class ProxyProtocolTest < ServerTest
         backend blackbuck_v2
           mode http
           option httpchk GET /hello
+          # A check's answer may take longer than `inter` on a busy machine: only a refused or failed
+          # check (timeout check, not inter, bounds its answer) may take the server out.
+          timeout check 5s
           server bb 127.0.0.1:#{upstream_port} send-proxy-v2 check inter 100ms fall 1 rise 1
       CFG
       @process = ChildProcess.new([BIN, "-db", "-f", "#{@dir}/haproxy.cfg"], log_path: "#{@dir}/out.log")

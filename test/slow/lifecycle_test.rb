@@ -66,7 +66,7 @@ class LifecycleTest < ServerTest
     server = start_with_status([], app: "kitchen.ru")
     io = UNIXSocket.new(server.unix_path)
     io.write("GET /sleep?t=2 HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.3
+    wait_until_in_app(@stats)
     server.signal(:TERM)
     wait_for(5) { server.log.include?("TERM: stopping gracefully") }
     assert_equal 503, get("/ready", @stats).status, "the status listener answers until the master exits"

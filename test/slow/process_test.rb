@@ -7,12 +7,12 @@ require "etc"
 # Tests that fork, signal and wait: the master/worker lifecycle.
 class ProcessLifecycleTest < ServerTest
   def test_graceful_term_finishes_the_request_in_flight_then_refuses_new_connections
-    server = start_both(app: "kitchen.ru")
+    server = start_both(stats: true, app: "kitchen.ru")
     idle = server.tcp
     assert_equal 200, request(idle, "GET", "/hello").status # an idle keep-alive connection
     busy = server.unix
     busy.write("GET /sleep?t=1.5 HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.3
+    wait_until_in_app(stats_path(server))
     server.signal(:TERM)
     res = read_response(busy, timeout: 10)
     assert_equal 200, res.status
@@ -33,11 +33,11 @@ class ProcessLifecycleTest < ServerTest
   end
 
   def test_a_killed_worker_is_replaced
-    server = start_server(["-l", "127.0.0.1:0"], app: "kitchen.ru")
+    server = start_both(stats: true, app: "kitchen.ru")
     old = server.worker_pids.first
     io = server.tcp
     io.write("GET /sleep?t=5 HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.3
+    wait_until_in_app(stats_path(server), old)
     Process.kill(:KILL, old)
     assert closed_by_peer?(io), "the client of the dead worker sees the connection end, not a hang"
     wait_for { (server.worker_pids - [old]).any? }
@@ -63,10 +63,9 @@ class ProcessLifecycleTest < ServerTest
     io = server.tcp
     res = request(io, "GET", "/sleep?t=30")
     assert_equal 503, res.status, "the client gets an answer, not a reset"
-    log = server.log
-    assert_match(%r{timeout: GET /sleep running for}, log)
-    assert_match(%r{request timeout \(1s\): GET /sleep: Blackbuck::RequestTimeout}, log)
-    assert_match(/kitchen\.ru:\d+/, log, "with the backtrace of the stuck code")
+    assert_logged(server, %r{timeout: GET /sleep running for})
+    assert_logged(server, %r{request timeout \(1s\): GET /sleep: Blackbuck::RequestTimeout})
+    assert_match(/kitchen\.ru:\d+/, server.log, "with the backtrace of the stuck code")
     wait_for { (server.worker_pids - [old]).any? }
   ensure
     io&.close

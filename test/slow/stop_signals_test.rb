@@ -7,8 +7,10 @@ require_relative "../test_helper"
 # the stop, the third (or a QUIT during a stop) exits at once.
 class StopSignalsTest < ServerTest
   def setup
-    @server = start_server(["-l", "127.0.0.1:0", "--graceful-timeout", "60", "--write-timeout", "60"],
-                           app: "kitchen.ru", workers: 2)
+    dir = Dir.mktmpdir("bb-test")
+    @stats = "#{dir}/status.sock"
+    @server = start_server(["-l", "127.0.0.1:0", "--stats-listen", "unix:#{@stats}", "--graceful-timeout", "60",
+                            "--write-timeout", "60"], dir: dir, app: "kitchen.ru", workers: 2)
   end
 
   # Ctrl-C: the terminal signals the foreground process group (the server runs in its own).
@@ -24,7 +26,7 @@ class StopSignalsTest < ServerTest
   def start_long_request
     io = @server.tcp
     io.write("GET /sleep?t=20 HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.5 # in the app by now
+    wait_until_in_app(@stats)
     io
   end
 
@@ -61,7 +63,9 @@ class StopSignalsTest < ServerTest
     # graceful stop waits for the client (write_timeout 60 s). The forced stop closes it.
     io = @server.tcp
     io.write("GET /stream-big?n=#{64 << 20} HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 1
+    wait_for(15, "the response queued, the app done") do # what the client does not take is spilled
+      status_json(@stats)["workers"].any? { |w| w["state"] == "idle" && w["spill_bytes"].positive? }
+    end
     ctrl_c
     wait_for { @server.log.include?("INT: stopping gracefully") }
     sleep 1.5

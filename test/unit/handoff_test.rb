@@ -14,6 +14,8 @@ require "timeout"
 class HandoffUnitTest < Minitest::Test
   Native = Blackbuck::Native
   AFTER = 0.002 # handoff_after, seconds
+  TURN = 0.05   # handoff_after where the test counts the watcher's turns, seconds
+  WAIT = 15     # seconds a test waits for a state (the watcher thread runs when the machine lets it)
 
   def setup
     @dir = Dir.mktmpdir("bb-handoff")
@@ -60,6 +62,29 @@ class HandoffUnitTest < Minitest::Test
     end
   end
 
+  def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # Polls until the block is true (its value is returned), or raises after WAIT seconds.
+  def wait_until(what)
+    deadline = now + WAIT
+    until (v = yield)
+      raise "#{what}: not within #{WAIT}s" if now > deadline
+
+      sleep 0.001
+    end
+    v
+  end
+
+  # While the app runs: the watcher has moved n connections (it looks every handoff_after).
+  def wait_moved(n) = wait_until("#{n} moved") { @handoff.moved_out >= n }
+
+  # Notes in seen how many moved (n, or n's size) against the watcher turns possible since `since`
+  # (counted after n was read); returns n.
+  def count_moves(seen, n, since)
+    seen << [n.is_a?(Array) ? n.size : n, ((now - since) / TURN).floor]
+    n
+  end
+
   # End of input or a reset (the socket was closed with the client's request unread).
   def closed?(client)
     Timeout.timeout(5) { client.read }
@@ -77,13 +102,16 @@ class HandoffUnitTest < Minitest::Test
     assert_nil Native::Conn.receive(@receiver.fileno, []), "nothing moves while no app runs"
     @handoff.request_start(0, app_conn("/slow"), 0.0)
     assert_equal [2, "GET", "/slow"], @scoreboard.read(0).values_at(1, 6, 7), "the scoreboard's request_start too"
-    sleep AFTER * 20 # the app runs long
+    wait_moved(1) # the app runs long
+    seen_moved = now # the mover saw the request waiting before this
     moved = @handoff.request_done(0, 0)
     assert_equal [0, 1], @scoreboard.read(0).values_at(1, 2), "the scoreboard's request_done too"
     assert_equal [conn.fd], moved
     assert conn.moved?
     assert_equal 1, @handoff.moved_out
     templates = [[{ "test.listener" => "zero" }.freeze, true], [{ "test.listener" => "one" }.freeze, false]]
+    sleep AFTER * 5 # it waits on the hand-off socket a while (measured below: the bound is the time that passed)
+    received = now
     got = Native::Conn.receive(@receiver.fileno, templates)
     refute_nil got
     refute got.tcp?, "the listener's kind travels by its index"
@@ -93,26 +121,32 @@ class HandoffUnitTest < Minitest::Test
     assert_equal "one", env["test.listener"], "its listener's env template"
     assert_equal "/next", env["PATH_INFO"]
     assert_equal "127.0.0.1", env["REMOTE_ADDR"]
-    assert_operator got.start_app({}), :>=, AFTER, "queue time counts from when the mover saw it waiting"
+    assert_operator got.start_app({}), :>=, received - seen_moved, "queue time counts from when the mover saw it waiting"
     got.write_response(200, { "content-length" => "2" }, ["ok"], false)
     assert_match(/\AHTTP\/1.1 200 .*\r\n\r\nok\z/m, client.readpartial(1024))
     got.close
   end
 
-  # One connection per watcher turn (every handoff_after while the app runs), not all at once.
+  # One connection per watcher turn (every handoff_after while the app runs), not all at once: the
+  # watcher's first turn comes handoff_after into the app and each next one handoff_after later, so
+  # at no moment have more moved than whole turns could have passed since the app began. (A busy
+  # machine only makes turns later; the bound holds however long the test waits to look.)
   def test_waiting_connections_move_one_per_turn
+    @handoff.stop
+    @handoff = Native::Handoff.new(@poller, @sender.fileno, TURN, @scoreboard)
+    assert @handoff.start
     pairs = Array.new(3) { idle_conn }
     pairs.each { |_, client| client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
-    sleep 0.01
-    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    seen = [] # [connections moved in this app call, whole turns possible by then]
+    began = now
     @handoff.request_start(0, app_conn, 0.0)
-    sleep AFTER * 1.5 # one turn, when this thread wakes in time (on a loaded CPU it may not)
-    first = @handoff.request_done(0, 0) || []
-    turns = ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) / AFTER).floor
-    assert_operator first.size, :<=, [turns, 1].max, "moved at once: #{first.inspect} in #{turns} turns"
-    @handoff.request_start(0, app_conn, 0.0)
-    sleep AFTER * 30
+    wait_until("the first move") { count_moves(seen, @handoff.moved_out, began) >= 1 }
+    first = count_moves(seen, (@handoff.request_done(0, 0) || []), began)
+    began = now
+    @handoff.request_start(0, app_conn, 0.0) # the next app call: the others move on, one per turn
+    wait_until("the others") { count_moves(seen, @handoff.moved_out - first.size, began) == pairs.size - first.size }
     rest = @handoff.request_done(0, 0) || []
+    assert_empty seen.reject { |n, turns| n <= turns }, "moved faster than one per turn: [moved, turns] #{seen.uniq}"
     assert_equal pairs.map { |c, _| c.fd }.sort, (first + rest).sort, "the others went one by one"
     3.times { Native::Conn.receive(@receiver.fileno, [[{}, false]])&.close }
   end
@@ -187,11 +221,11 @@ class HandoffUnitTest < Minitest::Test
     conn, client = idle_conn # accepted before the second watcher starts: its table would copy it
     other = Native::Handoff.new(@poller, @sender.fileno, AFTER, @scoreboard)
     other.start
-    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 1
-    sleep 0.01 until other.private_fd_table? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-    # Where the kernel allows it (pidfd_getfd, close_range) the table is private; else it is shared,
-    # and a close closes anyway.
-    assert_equal Native::Handoff.private_fd_table_possible? && Native::Poller::EPOLL, other.private_fd_table?
+    # Where the kernel allows it (pidfd_getfd, close_range) the table is private (once the watcher
+    # thread has started and made it); else it is shared, and a close closes anyway.
+    own_table = Native::Handoff.private_fd_table_possible? && Native::Poller::EPOLL
+    wait_until("a private fd table") { other.private_fd_table? } if own_table
+    assert_equal own_table, other.private_fd_table?
     @poller.delete(conn.fd)
     conn.close
     assert closed?(client), "the client sees the close"
@@ -212,9 +246,8 @@ class HandoffUnitTest < Minitest::Test
   def test_a_message_for_an_unknown_listener_is_refused_and_its_socket_closed
     conn, client = idle_conn(listener_index: 7)
     client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.01
     @handoff.request_start(0, app_conn, 0.0)
-    sleep AFTER * 20
+    wait_moved(1)
     assert_equal [conn.fd], @handoff.request_done(0, 0)
     conn.close
     assert_equal false, Native::Conn.receive(@receiver.fileno, [[{}, false]])
