@@ -37,10 +37,9 @@ class HandoffLimitsTest < ServerTest
   end
 
   # A keep-alive connection on the worker that is not `pid`: opened while `pid` runs a slow request
-  # on `a`, so the other worker accepts it.
-  def other_worker_conn(server, a, pid)
-    send_get(a, "/?sleep=0.5")
-    sleep 0.1
+  # on `a` (seen in its app through the status listener), so the other worker accepts it.
+  def other_worker_conn(server, stats, a, pid)
+    wait_until_running(stats, pid, send_slow(a, 1))
     h = server.tcp
     res = get(h, "/")
     refute_equal pid, served_by(res), "the other worker accepted it"
@@ -68,13 +67,12 @@ class HandoffLimitsTest < ServerTest
   def test_a_worker_out_of_descriptors_leaves_moved_connections_to_others
     server, stats = start_with_stats([], workers: 2)
     a, b, pid = same_worker_pair(server)
-    h = other_worker_conn(server, a, pid)
+    h = other_worker_conn(server, stats, a, pid)
     hog = get(h, "/hog?free=0")
     other = served_by(hog)
     assert_operator hog.body[/held=(\d+)/, 1].to_i, :>, 100, "the other worker holds its descriptors"
 
-    send_get(a, "/?sleep=#{SLOW}")
-    sleep 0.2 # the slow request is in the app
+    wait_until_running(stats, pid, send_slow(a, SLOW)) # the slow request is in the app: b's waits and is moved
     send_get(b, "/waiting")
     res = read_response(b, timeout: 10)
     refute_nil res, "the waiting request is answered, not reset"
@@ -83,11 +81,11 @@ class HandoffLimitsTest < ServerTest
     refused = wait_for { (n = metric(stats, 'blackbuck_handoff_failures_total{reason="refused"}')) && n >= 1 && n }
     assert_operator refused, :>=, 1
     assert_equal 0, metric(stats, 'blackbuck_handoff_failures_total{reason="lost"}'), "no connection was lost"
+    assert_logged(server, REFUSED_LINE) # the line of the episode, before the count below
 
     # More moves while it still has no room: still answered, still one log line.
     2.times do |i|
-      send_get(a, "/?sleep=#{SLOW}")
-      sleep 0.2
+      wait_until_running(stats, pid, send_slow(a, SLOW))
       assert_equal 200, get(b, "/waiting-#{i}").status
       assert_equal 200, read_response(a, timeout: 10)&.status
     end
@@ -95,14 +93,14 @@ class HandoffLimitsTest < ServerTest
 
     # With room again, it takes moved connections again.
     assert_equal 0, get(h, "/release").body[/held=(\d+)/, 1].to_i
-    sleep 0.6 # a tick: it polls the hand-off socket again
-    send_get(a, "/?sleep=#{SLOW}")
-    sleep 0.2
+    # A tick after the release: it resumes (#resume_accepting) and polls the hand-off socket again.
+    status_after(stats, now)
+    wait_until_running(stats, pid, send_slow(a, SLOW))
     assert_equal other, served_by(get(b, "/moved")), "moved to the worker with room again"
     assert_equal 200, read_response(a, timeout: 10)&.status
     status = JSON.parse(stats_get(stats, "/status"))
     assert_operator status["totals"]["handoff_failures"]["refused"], :>=, 1
-    assert_match(/INFO hand-off: taking moved connections again \(\d+ refused over [\d.]+ s\)/, server.log)
+    assert_logged(server, /INFO hand-off: taking moved connections again \(\d+ refused over [\d.]+ s\)/)
   ensure
     [a, b, h].each { |io| io&.close }
   end
@@ -116,11 +114,9 @@ class HandoffLimitsTest < ServerTest
     a, b, pid = same_worker_pair(server)
     # One connection on each of the two other workers: each opened while the workers before it run
     # a slow request.
-    send_get(a, "/?sleep=1")
-    sleep 0.1
+    wait_until_running(stats, pid, send_slow(a, 2))
     c1 = server.tcp
-    send_get(c1, "/?sleep=0.5")
-    sleep 0.1
+    wait_until_running(stats, nil, send_slow(c1, 1)) # on the worker that accepted c1
     c2 = server.tcp
     r2 = get(c2, "/")
     r1 = read_response(c1)
@@ -132,8 +128,7 @@ class HandoffLimitsTest < ServerTest
     hogs.each do |hog_pid, h|
       get(h, "/hog?free=0")
       free = (hogs.keys - [hog_pid]).first
-      send_get(a, "/?sleep=#{SLOW}")
-      sleep 0.2
+      wait_until_running(stats, pid, send_slow(a, SLOW))
       t = now
       res = get(b, "/waiting")
       waited = now - t
@@ -142,9 +137,13 @@ class HandoffLimitsTest < ServerTest
       assert_equal pid, served_by(read_response(a, timeout: 10))
       # b is the free worker's now: back to a pair on A for the next round.
       get(h, "/release")
+      released = now
       b.close
-      b = conn_on_idle_worker(server, hogs.values)
+      b = conn_on_idle_worker(server, stats, hogs.values)
       assert_equal pid, served_by(get(b, "/"))
+      # Each worker ticked since the release: the one hogged, if it refused (and paused), takes moved
+      # connections again, as the free worker of the next round must.
+      status_after(stats, released)
     end
     assert_equal 0, metric(stats, 'blackbuck_handoff_failures_total{reason="lost"}')
   ensure
@@ -155,13 +154,15 @@ class HandoffLimitsTest < ServerTest
   # closes); it logs once when accept starts failing and once when it resumes, with the count, not
   # a line per retry. The clients that waited in the listen queue are served once it has room.
   def test_emfile_on_accept_is_logged_once_per_episode
-    server, = start_with_stats([], workers: 1)
+    server, stats = start_with_stats([], workers: 1)
     h = server.tcp
     get(h, "/hog?free=0")
     clients = Array.new(3) { server.tcp }
     clients.each { |c| send_get(c, "/") }
     wait_for { server.log.include?("pausing accept") }
-    sleep 2 # about four ticks: four retries
+    # Three ticks since: each resumes accept (#resume_accepting), which fails again before the next
+    # tick. With the failure that logged the line, at least three retries (likely four) by the release.
+    3.times { status_after(stats, now) }
     assert_equal 1, server.log.scan(ACCEPT_LINE).size, "one line for the episode:\n#{server.log}"
     get(h, "/release")
     clients.each { |c| assert_equal 200, read_response(c, timeout: 5)&.status }
@@ -177,10 +178,27 @@ class HandoffLimitsTest < ServerTest
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-  # A new connection, accepted by the one worker not busy with a slow request on one of `busy`.
-  def conn_on_idle_worker(server, busy)
-    busy.each { |c| send_get(c, "/?sleep=0.5") }
-    sleep 0.1
+  # GET of a path of its own that runs `secs` in the app; returns the path (to wait for it running).
+  def send_slow(io, secs)
+    path = "/slow-#{@slow_seq = (@slow_seq || 0) + 1}"
+    send_get(io, "#{path}?sleep=#{secs}")
+    path
+  end
+
+  # Waits until the status listener shows `path` running in the app of worker `pid` (of any worker when
+  # nil). By its path, not just a busy state: a worker's answer goes out before its slot turns idle,
+  # so right after an answer the slot may still show the request before.
+  def wait_until_running(stats, pid, *paths)
+    wait_for(15, "#{paths.inspect} running in the app of worker #{pid || 'any'}") do
+      running = status_json(stats)["workers"].select { |w| w["state"] == "busy" && (pid.nil? || w["pid"] == pid) }
+      paths.all? { |path| running.any? { |w| w["path"].to_s.split("?").first == path } }
+    end
+  end
+
+  # A new connection, accepted by the one worker not busy with a slow request on one of `busy`
+  # (seen in their apps through the status listener).
+  def conn_on_idle_worker(server, stats, busy)
+    wait_until_running(stats, nil, *busy.map { |c| send_slow(c, 1) })
     conn = server.tcp
     conn.write("GET / HTTP/1.1\r\nHost: localhost\r\n\r\n") # accepted now, answered below
     busy.each { |c| assert_equal 200, read_response(c)&.status }
