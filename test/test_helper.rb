@@ -336,6 +336,23 @@ module HTTPHelpers
   end
 end
 
+# For tests of handoff.ru (its answers name the worker: "pid=123 ..."), whose requests move between workers.
+module HandoffHelpers
+  # GET path on io: its answer, which must be a 200.
+  def get(io, path)
+    res = request(io, "GET", path)
+    refute_nil res, "no answer to GET #{path}"
+    assert_equal 200, res.status
+    res
+  end
+
+  # Sends a GET without waiting for its answer.
+  def send_get(io, path) = io.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
+
+  # The pid of the worker that ran it.
+  def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
+end
+
 # Base class: starts servers through #start_server, stops them after each test, and dumps
 # their logs when a test fails.
 class ServerTest < Minitest::Test

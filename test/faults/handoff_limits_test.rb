@@ -10,21 +10,12 @@ require "json"
 # answered. The refusal shows in /metrics and is logged once, not once per retry; so is a run of
 # EMFILE from accept.
 class HandoffLimitsTest < ServerTest
+  include HandoffHelpers
+
   SLOW = 1.5 # seconds the slow request that makes a worker move its waiting connections runs
   REFUSED_LINE = /WARN hand-off: .*no descriptor free to take a moved connection/
   ACCEPT_LINE = /WARN accept: .*pausing accept/
   RESUMED_LINE = /INFO accept resumed after (\d+) EMFILE retries/
-
-  def get(io, path)
-    res = request(io, "GET", path)
-    refute_nil res, "no answer to GET #{path}"
-    assert_equal 200, res.status
-    res
-  end
-
-  def send_get(io, path) = io.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
-
-  def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
 
   # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
   def same_worker_pair(server)

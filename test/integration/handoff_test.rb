@@ -8,6 +8,8 @@ require_relative "../test_helper"
 # when the server stops while a moved connection waits for a worker; no descriptor leaks.
 # Also run against the poll(2) poller (rake test:poll).
 class HandoffTest < ServerTest
+  include HandoffHelpers
+
   SLOW = 1.5  # seconds the slow request runs
   BOUND = 0.8 # seconds: a moved request must be answered well within the slow one's time
   HELD = 3    # seconds both workers run a request for while a moved one waits for them
@@ -23,21 +25,10 @@ class HandoffTest < ServerTest
     [conns[i], conns[j], pids[i]]
   end
 
-  def get(io, path)
-    res = request(io, "GET", path)
-    refute_nil res, "no answer to GET #{path}"
-    assert_equal 200, res.status
-    res
-  end
-
   # Two workers with a status listener: the tests see through it when a worker runs its app, and
   # what the moves were.
   def start_handoff(args = []) = start_both(args, stats: true, app: "handoff.ru", workers: 2)
 
-  # Sends a GET without waiting for its answer.
-  def send_get(io, path) = io.write("GET #{path} HTTP/1.1\r\nHost: localhost\r\n\r\n")
-
-  def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
 
   # Bytes waiting on the server's hand-off socket (the SOCK_SEQPACKET pair its master made, which its
   # workers inherit): a moved connection waits there until a worker takes it. From ss(8), which
