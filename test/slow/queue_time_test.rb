@@ -102,7 +102,11 @@ class QueueTimeTest < ServerTest
       io.close
     end
     wait_for { server.log.scan(/exited with status 0/).size >= 2 }
-    metrics = stats("/metrics")
+    # the live worker counts its last request just after its answer has gone out: wait for it
+    metrics = wait_for(15, "7 requests counted") do
+      m = stats("/metrics")
+      m if m[/^blackbuck_request_duration_seconds_count (\d+)$/, 1].to_i >= 7
+    end
     assert_equal 7, metrics[/^blackbuck_request_queue_seconds_count (\d+)$/, 1].to_i
     assert_equal 7, metrics[/^blackbuck_request_duration_seconds_count (\d+)$/, 1].to_i
   end
