@@ -351,6 +351,18 @@ module HandoffHelpers
 
   # The pid of the worker that ran it.
   def served_by(res) = Integer(res.body[/pid=(\d+)/, 1])
+
+  # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
+  # A worker accepts every pending connection at once, so a handful opened together share one.
+  # open: makes a connection (-> { server.tcp }).
+  def same_worker_pair(open)
+    conns = Array.new(8) { open.call }
+    pids = conns.map { |c| served_by(get(c, "/")) }
+    i, j = (0...conns.size).to_a.combination(2).find { |x, y| pids[x] == pids[y] }
+    refute_nil i, "no two of 8 connections landed on one worker: #{pids.inspect}"
+    (conns - [conns[i], conns[j]]).each(&:close)
+    [conns[i], conns[j], pids[i]]
+  end
 end
 
 # Base class: starts servers through #start_server, stops them after each test, and dumps

@@ -17,16 +17,6 @@ class HandoffLimitsTest < ServerTest
   ACCEPT_LINE = /WARN accept: .*pausing accept/
   RESUMED_LINE = /INFO accept resumed after (\d+) EMFILE retries/
 
-  # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
-  def same_worker_pair(server)
-    conns = Array.new(8) { server.tcp }
-    pids = conns.map { |c| served_by(get(c, "/")) }
-    i, j = (0...conns.size).to_a.combination(2).find { |x, y| pids[x] == pids[y] }
-    refute_nil i, "no two of 8 connections landed on one worker: #{pids.inspect}"
-    (conns - [conns[i], conns[j]]).each(&:close)
-    [conns[i], conns[j], pids[i]]
-  end
-
   # A keep-alive connection on the worker that is not `pid`: opened while `pid` runs a slow request
   # on `a` (seen in its app through the status listener), so the other worker accepts it.
   def other_worker_conn(server, stats, a, pid)
@@ -57,7 +47,7 @@ class HandoffLimitsTest < ServerTest
   # it and the kernel dropped the socket: the client was reset.
   def test_a_worker_out_of_descriptors_leaves_moved_connections_to_others
     server, stats = start_with_stats([], workers: 2)
-    a, b, pid = same_worker_pair(server)
+    a, b, pid = same_worker_pair(-> { server.tcp })
     h = other_worker_conn(server, stats, a, pid)
     hog = get(h, "/hog?free=0")
     other = served_by(hog)
@@ -102,7 +92,7 @@ class HandoffLimitsTest < ServerTest
   # than after A's slow one.
   def test_a_refused_connection_goes_to_a_free_worker_at_once
     server, stats = start_with_stats([], workers: 3)
-    a, b, pid = same_worker_pair(server)
+    a, b, pid = same_worker_pair(-> { server.tcp })
     # One connection on each of the two other workers: each opened while the workers before it run
     # a slow request.
     wait_until_running(stats, pid, send_slow(a, 2))

@@ -14,17 +14,6 @@ class HandoffTest < ServerTest
   BOUND = 0.8 # seconds: a moved request must be answered well within the slow one's time
   HELD = 3    # seconds both workers run a request for while a moved one waits for them
 
-  # Two keep-alive connections on the same worker (each has served one request): [a, b, pid].
-  # A worker accepts every pending connection at once, so a handful opened together share one.
-  def same_worker_pair(open)
-    conns = Array.new(8) { open.call }
-    pids = conns.map { |c| served_by(get(c, "/")) }
-    i, j = (0...conns.size).to_a.combination(2).find { |x, y| pids[x] == pids[y] }
-    refute_nil i, "no two of 8 connections landed on one worker: #{pids.inspect}"
-    (conns - [conns[i], conns[j]]).each(&:close)
-    [conns[i], conns[j], pids[i]]
-  end
-
   # Two workers with a status listener: the tests see through it when a worker runs its app, and
   # what the moves were.
   def start_handoff(args = []) = start_both(args, stats: true, app: "handoff.ru", workers: 2)
