@@ -137,6 +137,8 @@ module Blackbuck
         o.on("--[no-]trust-forwarded-proto", "X-Forwarded-Proto/-Ssl/-Scheme: https set rack.url_scheme (default on; " \
                                                "turn off when clients reach the server directly)", &set(:trust_forwarded_proto))
         o.on("--[no-]keepalive", "HTTP persistent connections (default on)", &set(:keepalive))
+        o.on("--[no-]early-hints", "offer rack.early_hints: 103 responses (default off; nginx before 1.29 and many " \
+                                   "proxies cannot pass a 103 on)", &set(:early_hints))
         o.on("--keepalive-timeout SEC", "idle keep-alive connections close after SEC (default 75)", &set(:keepalive_timeout))
         o.on("--max-keepalive-requests N", "requests per connection (default 1000)", &set(:max_keepalive_requests))
         o.on("--max-connections N", "open connections per worker (default 1024)", &set(:max_connections))

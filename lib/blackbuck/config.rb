@@ -66,6 +66,8 @@ module Blackbuck
       sched_batch: true,              # workers run under SCHED_BATCH (Linux): no wake-up preemption, fewer switches
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
+      early_hints: false,             # offer rack.early_hints (103) to apps; off: nginx < 1.29 and most proxies
+                                      # cannot pass a 1xx on (Rails' asset tags send one on every HTML page)
       x_sendfile: false,              # send the file an app names in X-Sendfile (a path from the app: trusted)
       x_accel_mapping: [],            # [[uri_prefix, directory]] for X-Accel-Redirect; empty = off
       before_fork: nil,               # proc(server, worker_index), in the master
@@ -108,7 +110,7 @@ module Blackbuck
       when :listen_one then @values[:listen] << listen_entry(value)
       when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
       when :port then @values[key] = int(key, value, 0, 65_535)
-      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile
+      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints
         @values[key] = bool(key, value)
       when :x_accel_mapping then Array(value).each { |m| @values[key] << accel_mapping(key, m) }
       when :unix_socket_mode then @values[key] = mode(key, value)

@@ -15,10 +15,11 @@ module Blackbuck
       "ConfigFile" => :config_file
     }.freeze
     # Options rackup and Rails pass that are theirs, not ours (rackup has already daemonized,
-    # written the pid file and loaded config.ru; Rails handles its log, caching and restarts;
-    # early hints are always on). Logged at debug level.
+    # written the pid file and loaded config.ru; Rails handles its log, caching and restarts).
+    # Logged at debug level. Rails' `--early-hints` arrives as early_hints: true, the setting's own
+    # name (nil when not given, so the config file's early_hints stands).
     IGNORED = %i[environment config daemonize pid server Logger AccessLog debug warn include require builder
-                 app_class quiet user_supplied_options log_stdout caching restart_cmd early_hints
+                 app_class quiet user_supplied_options log_stdout caching restart_cmd
                  DoNotReverseLookup].freeze
     ADDRESS = %i[host port].freeze
 

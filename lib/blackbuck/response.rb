@@ -35,6 +35,7 @@ module Blackbuck
       @hooks = ConnHooks.new(hand_over)
       @logger = logger
       @timeout = config[:timeout]
+      @early_hints = config[:early_hints] # offer rack.early_hints (off: most proxies cannot pass a 103 on)
       @file_redirect = FileRedirect.for(config) # X-Sendfile / X-Accel-Redirect, when configured
       @finished = nil
     end
@@ -42,11 +43,14 @@ module Blackbuck
     # The env entries this Response gives every request, for the worker's env templates when one
     # Response serves the worker's requests one at a time (no app threads): then a request's env has
     # them from the start (C copies the template) and #handle sets none of them. rack.early_hints is
-    # HTTP/1.1's (C takes it out of an HTTP/1.0 request's env); rack.response_finished is one Array,
-    # emptied after each request's callbacks ran.
+    # offered only with the early_hints setting, and only to HTTP/1.1 requests (C takes it out of an
+    # HTTP/1.0 request's env); rack.response_finished is one Array, emptied after each request's
+    # callbacks ran.
     def env_defaults
       @finished = []
-      { HIJACK => @hooks, EARLY_HINTS => @hooks.early_hints, RESPONSE_FINISHED => @finished }.freeze
+      defaults = { HIJACK => @hooks, RESPONSE_FINISHED => @finished }
+      defaults[EARLY_HINTS] = @hooks.early_hints if @early_hints
+      defaults.freeze
     end
 
     def handle(conn, env)
@@ -55,7 +59,7 @@ module Blackbuck
       unless (finished = @finished) # app threads: each request its own
         finished = env[RESPONSE_FINISHED] = []
         env[HIJACK] = hooks
-        env[EARLY_HINTS] = hooks.early_hints if env["SERVER_PROTOCOL"] == "HTTP/1.1"
+        env[EARLY_HINTS] = hooks.early_hints if @early_hints && env["SERVER_PROTOCOL"] == "HTTP/1.1"
       end
       status = headers = body = error = nil
       begin

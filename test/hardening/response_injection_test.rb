@@ -9,7 +9,7 @@ class ResponseInjectionTest < ServerTest
   APP = File.join(__dir__, "apps", "inject.ru")
 
   def setup
-    @server = start_server(["-l", "127.0.0.1:0"], app: APP)
+    @server = start_server(["-l", "127.0.0.1:0", "--early-hints"], app: APP)
   end
 
   %w[/value-crlf /value-bare-cr /value-nul /value-array-crlf /name-crlf /name-colon /name-space /name-empty

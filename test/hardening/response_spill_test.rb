@@ -151,7 +151,7 @@ class ResponseSpillHardeningTest < ServerTest
   # then a 103 and a second spilled response (written while the client drains the first), then a
   # small one, all in order.
   def test_pipelined_responses_and_early_hints_behind_a_spilled_response_stay_in_order
-    server = spill_server(["--write-timeout", "5"])
+    server = spill_server(["--write-timeout", "5", "--early-hints"])
     io = stalled_request(server, "/each?parts=#{STREAM_PARTS}",
                          more: "GET /early-each?parts=#{STREAM_PARTS} HTTP/1.1\r\nHost: x\r\n\r\n" \
                                "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")

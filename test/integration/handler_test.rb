@@ -2,6 +2,7 @@
 
 require_relative "../test_helper"
 require "open3"
+require "json"
 
 # `rackup -s blackbuck` with Rhebok-style and snake_case options (Rack 3 + rackup gem here;
 # Rack 2.2's own rackup under rake test:rack2).
@@ -57,6 +58,21 @@ class HandlerTest < ServerTest
     assert_equal 200, request(io, "GET", "/hello").status
   ensure
     io&.close
+  end
+
+  # rack.early_hints only when asked for: Rails (>= 7.1) sends a 103 from its asset tags whenever the
+  # env offers it, and nginx before 1.29 cannot pass one on (the page hangs). `rails server
+  # --early-hints` passes early_hints: true; rackup's -O passes the setting by name.
+  def test_early_hints_are_offered_only_when_asked_for
+    [[[], "false"], [%w[-O early_hints=true], "true"]].each do |options, offered|
+      sock = "#{@dir}/rackup.sock"
+      server = rackup("-O", "Path=#{sock}", "-O", "workers=1", *options)
+      io = UNIXSocket.new(sock)
+      assert_equal offered, JSON.parse(request(io, "GET", "/env").body)["rack.early_hints?"], options.inspect
+      io.close
+      server.signal(:TERM)
+      assert server.wait_exit(15)&.success?, server.log
+    end
   end
 
   def test_bad_value_is_one_line_and_exit_1

@@ -6,7 +6,7 @@ require "json"
 # Raw HTTP/1.x over real TCP and UNIX sockets against the real executable.
 class HTTPTest < ServerTest
   def setup
-    @server = start_both(app: "kitchen.ru")
+    @server = start_both(["--early-hints"], app: "kitchen.ru")
   end
 
   %i[tcp unix].each do |transport|
@@ -372,6 +372,20 @@ class HTTPTest < ServerTest
     assert_equal @server.tcp_port.to_s, env["SERVER_PORT"]
   ensure
     io&.close
+  end
+
+  # Off by default (nginx before 1.29 and many proxies cannot pass a 1xx on: Rails' asset tags would
+  # hang every HTML page behind them): no rack.early_hints in the env, on either protocol version.
+  def test_no_early_hints_unless_asked_for
+    server = start_server(["-l", "127.0.0.1:0"], app: "kitchen.ru")
+    io = server.tcp
+    assert_equal "false", JSON.parse(request(io, "GET", "/env").body)["rack.early_hints?"]
+    threaded = start_server(["-l", "127.0.0.1:0", "--threads", "2"], app: "kitchen.ru")
+    io2 = threaded.tcp
+    assert_equal "false", JSON.parse(request(io2, "GET", "/env").body)["rack.early_hints?"], "with app threads"
+  ensure
+    io&.close
+    io2&.close
   end
 
   def test_early_hints_103_before_the_response

@@ -41,7 +41,7 @@ class ThreadsTest < ServerTest
   end
 
   def test_bodies_streams_hints_and_hijack_from_app_threads
-    server = start_both(["--threads", "3"], app: "kitchen.ru", workers: 1)
+    server = start_both(["--threads", "3", "--early-hints"], app: "kitchen.ru", workers: 1)
     body = Random.new(7).bytes(300 * 1024) # past body_buffer: a tempfile, closed by the loop afterwards
     threads = Array.new(3) do
       Thread.new do
