@@ -14,6 +14,7 @@ require_relative "blackbuck/logger"
 require_relative "blackbuck/config"
 require_relative "blackbuck/listeners"
 require_relative "blackbuck/reexec"
+require_relative "blackbuck/rebind"
 require_relative "blackbuck/supervisor"
 require_relative "blackbuck/server"
 

@@ -17,6 +17,7 @@ module Blackbuck
       check_spill_dir(config, logger)
       raise_open_files_limit(logger)
       listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP), flags and all
+      listeners = Rebind.apply(listeners, config, logger) # ... made what the config names now
       if listeners.empty?
         listeners = Listeners.inherited(env, proxied: config[:listen].select(&:proxy_protocol).map(&:address))
       end
