@@ -42,8 +42,17 @@ module Blackbuck
     # still the one addr names, so probes are queued across a reload, never refused.
     def self.start(addr, supervisor:, scoreboard:, listeners:, logger:, backlog: BACKLOG, inherited: nil)
       listener = inherited if inherited && same_address?(inherited, addr)
-      inherited&.close unless listener
-      listener ||= Listeners.bind(addr, backlog: backlog, bare_host: LOCAL_HOST)
+      unless listener
+        begin
+          listener = Listeners.bind(addr, backlog: backlog, bare_host: LOCAL_HOST)
+          inherited&.close
+        rescue ConfigError => e
+          raise unless inherited # at boot: the error; after a HUP: the old address keeps serving
+
+          logger.warn("HUP: status listener: #{e.message}; keeping #{inherited.name}")
+          listener = inherited
+        end
+      end
       Native.defer_accept(listener.fd, 0) if listener.tcp?
       listener.io.fcntl(Fcntl::F_SETFL, listener.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
       logger.info("status listening on #{listener.name}#{' (kept across the reload)' if listener.equal?(inherited)}")

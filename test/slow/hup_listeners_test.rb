@@ -13,8 +13,9 @@ class HupListenersTest < ServerTest
     @config = "#{@dir}/blackbuck.rb"
   end
 
-  def write_config(*listen, mode: nil, group: nil)
+  def write_config(*listen, mode: nil, group: nil, stats: nil)
     lines = listen.map { |a| "listen #{a.inspect}" }
+    lines << "stats_listen #{stats.inspect}" if stats
     lines << "unix_socket_mode 0o#{mode.to_s(8)}" if mode
     lines << "unix_socket_group #{group.inspect}" if group
     File.write(@config, lines.join("\n"))
@@ -91,6 +92,27 @@ class HupListenersTest < ServerTest
     after = hup_and_wait(server)
     assert_match(/WARN HUP: cannot listen on 127\.0\.0\.1:#{port} .*keeping every previous listener \(unix:#{Regexp.escape(sock)}\)/,
                  after)
+    assert_equal 200, get_over(UNIXSocket.new(sock))
+    refute server.exited?
+  ensure
+    taken&.close
+  end
+
+  # The status listener moves with stats_listen; one that cannot move (its new address is taken)
+  # stays where it was, with a warning: the master and its probes survive the reload.
+  def test_the_status_listener_moves_and_one_that_cannot_stays
+    sock = "#{@dir}/app.sock"
+    write_config("unix:#{sock}", stats: "unix:#{@dir}/status1.sock")
+    server = start
+    write_config("unix:#{sock}", stats: "unix:#{@dir}/status2.sock")
+    after = hup_and_wait(server)
+    assert_match(/status listening on unix:#{Regexp.escape(@dir)}\/status2\.sock$/, after)
+    assert_match(/"workers"/, stats_get("#{@dir}/status2.sock", "/status"))
+    taken = UNIXServer.new("#{@dir}/taken.sock")
+    write_config("unix:#{sock}", stats: "unix:#{@dir}/taken.sock")
+    after = hup_and_wait(server)
+    assert_match(/WARN HUP: status listener: cannot listen on unix:#{Regexp.escape(@dir)}\/taken\.sock.*; keeping unix:#{Regexp.escape(@dir)}\/status2\.sock/, after)
+    assert_match(/"workers"/, stats_get("#{@dir}/status2.sock", "/status"))
     assert_equal 200, get_over(UNIXSocket.new(sock))
     refute server.exited?
   ensure
