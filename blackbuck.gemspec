@@ -9,12 +9,12 @@ Gem::Specification.new do |s|
   s.description = "Blackbuck serves Rack 2 and Rack 3 apps from preforked workers that each watch all their " \
                   "connections with epoll, so idle keep-alive or slow clients never tie a worker up."
   s.authors     = ["Blackbuck developers"]
-  s.license     = "MIT"
+  s.license     = "MIT" # the text: LICENSE
   s.required_ruby_version = ">= 3.1"
   # Sources only: nothing that `rake compile` or an extconf run generates (*.so, loadgen/build/,
   # loadgen/blackbuck-load, loadgen/gem.mk) matches these patterns.
   s.files       = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "loadgen/**/*.{c,h}", "loadgen/Makefile",
-                      "loadgen/extconf.rb", "exe/*", "docs/*.md", "README.md", "demo/*"]
+                      "loadgen/extconf.rb", "exe/*", "docs/*.md", "README.md", "LICENSE", "demo/*"]
   s.bindir      = "exe"
   s.executables = %w[blackbuck blackbuck-load]
   # The C engine, and blackbuck-load (a C program that exe/blackbuck-load runs; see loadgen/extconf.rb).

@@ -6,7 +6,18 @@ require_relative "blackbuck/errors"
 begin
   require_relative "blackbuck/blackbuck_ext"
 rescue LoadError => e
-  raise LoadError, "the C extension is not built (#{e.message}); run `bundle exec rake compile`"
+  # A checkout (Bundler's `path:`, or running from the tree) is never built for you; an installed
+  # gem (`gem install`, Bundler's `git:`) was built at install time, so its build failed or was removed.
+  root = File.expand_path("..", __dir__)
+  state = Dir[File.join(__dir__, "blackbuck", "blackbuck_ext.*")].empty? ? "is not built" : "cannot be loaded"
+  needs = "a C compiler, make and Ruby's headers"
+  raise LoadError, if File.exist?(File.join(root, "Rakefile"))
+                     "the C extension #{state} in the checkout #{root}: run bin/setup there (or `bundle install " \
+                       "&& bundle exec rake compile` in it; needs #{needs}) (#{e.message})"
+                   else
+                     "the C extension of the blackbuck gem in #{root} #{state}: reinstall the gem (needs #{needs}) " \
+                       "(#{e.message})"
+                   end
 end
 
 require_relative "blackbuck/scoreboard"

@@ -1271,24 +1271,54 @@ struct head_state {
     int64_t length;
 };
 
-static void check_field(const char *p, size_t n, int is_name)
+#define FIELD_SHOWN_MAX 200 /* bytes of a refused field name or value quoted in the error message */
+
+/* s as Ruby's inspect shows it (CR, LF, NUL and other bytes escaped, so a message quoting what an
+ * app sent stays one line), cut to FIELD_SHOWN_MAX bytes with "..." after the quote. */
+static VALUE field_shown(VALUE s)
 {
-    size_t i;
-    if (n == 0 && is_name) rb_raise(rb_eArgError, "empty response header name");
+    long n = RSTRING_LEN(s);
+    VALUE shown = rb_str_inspect(rb_str_subseq(s, 0, n > FIELD_SHOWN_MAX ? FIELD_SHOWN_MAX : n));
+    if (n > FIELD_SHOWN_MAX) rb_str_cat_cstr(shown, "...");
+    return shown;
+}
+
+/* A field name (`what`: "response header", "early hint"): a token (RFC 9110 5.1), so no byte
+ * <= SP, ':' or >= DEL. Raises ArgumentError showing the name, escaped. */
+static void check_name(VALUE key, const char *what)
+{
+    const char *p = RSTRING_PTR(key);
+    long i, n = RSTRING_LEN(key);
+    if (n == 0) rb_raise(rb_eArgError, "empty %s name", what);
     for (i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)p[i];
-        if (is_name ? (ch <= 0x20 || ch == ':' || ch >= 0x7f) : (ch == '\r' || ch == '\n' || ch == 0))
-            rb_raise(rb_eArgError, "invalid character in response header %s: %.*s", is_name ? "name" : "value",
-                     (int)(n > 64 ? 64 : n), p);
+        if (ch <= 0x20 || ch == ':' || ch >= 0x7f)
+            rb_raise(rb_eArgError, "invalid %s name %" PRIsVALUE " (a name is letters, digits and !#$%%&'*+-.^_`|~)",
+                     what, field_shown(key));
     }
 }
 
-static void emit_field(struct head_state *st, VALUE key, const char *v, size_t vn)
+/* One value of field key: p, n is a line of `value` (Rack 2 joins several with "\n"). CR, LF and
+ * NUL are refused (RFC 9110 5.5: they could end the field and start another). Raises
+ * ArgumentError naming the field and showing the whole value the app gave, escaped. */
+static void check_value(VALUE key, const char *p, size_t n, VALUE value, const char *what)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '\r' || ch == '\n' || ch == 0)
+            rb_raise(rb_eArgError, "invalid value of %s %" PRIsVALUE ": %" PRIsVALUE " (CR, LF and NUL are not allowed)",
+                     what, field_shown(key), field_shown(value));
+    }
+}
+
+/* v, vn: one line of value (the app's String or an element of its Array). */
+static void emit_field(struct head_state *st, VALUE key, const char *v, size_t vn, VALUE value)
 {
     struct conn *c = st->c;
     const char *k = RSTRING_PTR(key);
     size_t kn = (size_t)RSTRING_LEN(key);
-    check_field(v, vn, 0);
+    check_value(key, v, vn, value, "response header");
     if (ieq(k, kn, "content-length")) {
         int64_t n = 0;
         size_t i;
@@ -1327,20 +1357,20 @@ static int head_i(VALUE key, VALUE val, VALUE arg)
     struct head_state *st = (struct head_state *)arg;
     if (!RB_TYPE_P(key, T_STRING)) rb_raise(rb_eTypeError, "response header name must be a String");
     if (RSTRING_LEN(key) >= 5 && memcmp(RSTRING_PTR(key), "rack.", 5) == 0) return ST_CONTINUE;
-    check_field(RSTRING_PTR(key), (size_t)RSTRING_LEN(key), 1);
+    check_name(key, "response header");
     if (RB_TYPE_P(val, T_ARRAY)) {
         long i;
         for (i = 0; i < RARRAY_LEN(val); i++) {
             VALUE v = RARRAY_AREF(val, i);
             if (!RB_TYPE_P(v, T_STRING)) rb_raise(rb_eTypeError, "response header value must be a String");
-            emit_field(st, key, RSTRING_PTR(v), (size_t)RSTRING_LEN(v));
+            emit_field(st, key, RSTRING_PTR(v), (size_t)RSTRING_LEN(v), v);
         }
     } else if (RB_TYPE_P(val, T_STRING)) {
         /* Rack 2: several values joined by "\n" */
         const char *p = RSTRING_PTR(val), *end = p + RSTRING_LEN(val), *nl;
         do {
             nl = memchr(p, '\n', (size_t)(end - p));
-            emit_field(st, key, p, (size_t)((nl ? nl : end) - p));
+            emit_field(st, key, p, (size_t)((nl ? nl : end) - p), val);
             p = nl ? nl + 1 : end;
         } while (nl);
     } else if (!NIL_P(val)) {
@@ -1564,7 +1594,7 @@ static int hint_i(VALUE key, VALUE val, VALUE arg)
     VALUE v;
     (void)arg;
     if (!RB_TYPE_P(key, T_STRING)) rb_raise(rb_eTypeError, "early hint name must be a String");
-    check_field(RSTRING_PTR(key), (size_t)RSTRING_LEN(key), 1);
+    check_name(key, "early hint");
     n = RB_TYPE_P(val, T_ARRAY) ? RARRAY_LEN(val) : 1;
     for (i = 0; i < n; i++) {
         v = RB_TYPE_P(val, T_ARRAY) ? RARRAY_AREF(val, i) : val;
@@ -1573,7 +1603,7 @@ static int hint_i(VALUE key, VALUE val, VALUE arg)
         end = p + RSTRING_LEN(v);
         do { /* Rack 2 style: several values joined by "\n" */
             nl = memchr(p, '\n', (size_t)(end - p));
-            check_field(p, (size_t)((nl ? nl : end) - p), 0);
+            check_value(key, p, (size_t)((nl ? nl : end) - p), v, "early hint");
             hcat(RSTRING_PTR(key), (size_t)RSTRING_LEN(key));
             hcat(": ", 2);
             hcat(p, (size_t)((nl ? nl : end) - p));

@@ -35,21 +35,68 @@ const char *bb_status_line(int status, size_t *len)
     return fallback;
 }
 
-/* Native.set_reason(code, phrase): called once per entry of Rack::Utils::HTTP_STATUS_CODES at boot. */
+/* The reason phrase of every status code in IANA's HTTP Status Code Registry, so each one goes out
+ * with its phrase whichever Rack the app runs on: Rack 3's table lacks 418, 306 and 510, Rack 2.2's
+ * lacks 418. Rack's table is applied over this one at boot (Native.set_reason), so an app sees its
+ * Rack's wording where the two differ (Rack 2.2: 413 Payload Too Large). Left out: 306 and 418,
+ * which the registry lists as "(Unused)", except that 418 is sent as "I'm a teapot": RFC 9110
+ * 15.5.19 reserves it because deployed code answers it (RFC 2324's phrase, as Go and Python send
+ * it); 104 and other temporary registrations. A code without a phrase still goes out, with an
+ * empty one ("HTTP/1.1 299 "), as RFC 9112 4 allows. */
+static const struct {
+    int code;
+    const char *phrase;
+} registered_reasons[] = {
+    {100, "Continue"}, {101, "Switching Protocols"}, {102, "Processing"}, {103, "Early Hints"},
+    {200, "OK"}, {201, "Created"}, {202, "Accepted"}, {203, "Non-Authoritative Information"},
+    {204, "No Content"}, {205, "Reset Content"}, {206, "Partial Content"}, {207, "Multi-Status"},
+    {208, "Already Reported"}, {226, "IM Used"},
+    {300, "Multiple Choices"}, {301, "Moved Permanently"}, {302, "Found"}, {303, "See Other"},
+    {304, "Not Modified"}, {305, "Use Proxy"}, {307, "Temporary Redirect"}, {308, "Permanent Redirect"},
+    {400, "Bad Request"}, {401, "Unauthorized"}, {402, "Payment Required"}, {403, "Forbidden"},
+    {404, "Not Found"}, {405, "Method Not Allowed"}, {406, "Not Acceptable"},
+    {407, "Proxy Authentication Required"}, {408, "Request Timeout"}, {409, "Conflict"}, {410, "Gone"},
+    {411, "Length Required"}, {412, "Precondition Failed"}, {413, "Content Too Large"},
+    {414, "URI Too Long"}, {415, "Unsupported Media Type"}, {416, "Range Not Satisfiable"},
+    {417, "Expectation Failed"}, {418, "I'm a teapot"}, {421, "Misdirected Request"},
+    {422, "Unprocessable Content"}, {423, "Locked"}, {424, "Failed Dependency"}, {425, "Too Early"},
+    {426, "Upgrade Required"}, {428, "Precondition Required"}, {429, "Too Many Requests"},
+    {431, "Request Header Fields Too Large"}, {451, "Unavailable For Legal Reasons"},
+    {500, "Internal Server Error"}, {501, "Not Implemented"}, {502, "Bad Gateway"},
+    {503, "Service Unavailable"}, {504, "Gateway Timeout"}, {505, "HTTP Version Not Supported"},
+    {506, "Variant Also Negotiates"}, {507, "Insufficient Storage"}, {508, "Loop Detected"},
+    {510, "Not Extended"}, {511, "Network Authentication Required"},
+};
+
+#define REASON_MAX 80 /* bytes of a reason phrase kept */
+
+/* Makes "HTTP/1.1 NNN phrase\r\n" the status line of code c (100..599). */
+static void set_status_line(int c, const char *phrase, size_t len)
+{
+    char buf[128];
+    int n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %.*s\r\n", c, (int)(len > REASON_MAX ? REASON_MAX : len), phrase);
+    char *line = malloc((size_t)n + 1);
+    if (!line) rb_raise(rb_eNoMemError, "status line");
+    memcpy(line, buf, (size_t)n + 1);
+    free(status_lines[c]);
+    status_lines[c] = line;
+    status_line_lens[c] = (size_t)n;
+}
+
+/* Native.set_reason(code, phrase): called once per entry of Rack::Utils::HTTP_STATUS_CODES at boot,
+ * over registered_reasons. A phrase is reason-phrase text (RFC 9112 4: HTAB, SP, VCHAR, obs-text). */
 static VALUE native_set_reason(VALUE self, VALUE code, VALUE phrase)
 {
     int c = NUM2INT(code);
-    char buf[128];
-    int n;
+    long i;
     if (c < 100 || c >= 600) rb_raise(rb_eArgError, "status out of range: %d", c);
     StringValue(phrase);
-    n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %.*s\r\n", c, (int)RSTRING_LEN(phrase) > 80 ? 80 : (int)RSTRING_LEN(phrase),
-                 RSTRING_PTR(phrase));
-    free(status_lines[c]);
-    status_lines[c] = malloc((size_t)n + 1);
-    if (!status_lines[c]) rb_raise(rb_eNoMemError, "status line");
-    memcpy(status_lines[c], buf, (size_t)n + 1);
-    status_line_lens[c] = (size_t)n;
+    for (i = 0; i < RSTRING_LEN(phrase); i++) {
+        unsigned char ch = (unsigned char)RSTRING_PTR(phrase)[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            rb_raise(rb_eArgError, "invalid reason phrase for %d: %" PRIsVALUE, c, rb_str_inspect(phrase));
+    }
+    set_status_line(c, RSTRING_PTR(phrase), (size_t)RSTRING_LEN(phrase));
     return Qnil;
 }
 
@@ -270,6 +317,11 @@ RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
     bb_settings.max_worker_spill = BB_DEFAULT_MAX_WORKER_SPILL;
     bb_settings.trust_forwarded_proto = 1;
     rb_gc_register_address(&logger);
+    {
+        size_t i;
+        for (i = 0; i < sizeof(registered_reasons) / sizeof(registered_reasons[0]); i++)
+            set_status_line(registered_reasons[i].code, registered_reasons[i].phrase, strlen(registered_reasons[i].phrase));
+    }
 
     rb_define_module_function(bb_mNative, "set_reason", native_set_reason, 2);
     rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);

@@ -45,7 +45,7 @@ struct bb_header {
 };
 
 /* Framing flags set by bb_parse_request (bitwise OR into req->flags). */
-#define BB_F_CHUNKED         0x01u /* Transfer-Encoding: chunked (the only coding accepted) */
+#define BB_F_CHUNKED         0x01u /* chunked Transfer-Encoding, the only one accepted */
 #define BB_F_CONN_CLOSE      0x02u /* Connection header contains token "close" */
 #define BB_F_CONN_KEEPALIVE  0x04u /* Connection header contains token "keep-alive" */
 #define BB_F_EXPECT_CONTINUE 0x08u /* Expect: 100-continue (case-insensitive) */

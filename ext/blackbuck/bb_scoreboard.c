@@ -19,9 +19,11 @@
 
 #define SB_METHOD_MAX 16
 #define SB_PATH_MAX 240
-/* Histogram buckets: upper bounds in microseconds (Prometheus' le="0.001" ... le="10", then +Inf). */
-static const int64_t sb_bounds_us[] = {1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000,
-                                       500000, 1000000, 2500000, 5000000, 10000000};
+/* Histogram buckets: upper bounds in microseconds (Prometheus' le="2.5e-05" ... le="10", then +Inf).
+ * They start at 25 us: a hello-world request takes tens of microseconds, and a first bucket of 1 ms
+ * made every percentile of such requests read as most of a millisecond. */
+static const int64_t sb_bounds_us[] = {25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000,
+                                       250000, 500000, 1000000, 2500000, 5000000, 10000000};
 #define SB_BOUNDS ((int)(sizeof(sb_bounds_us) / sizeof(sb_bounds_us[0])))
 #define SB_BUCKETS (SB_BOUNDS + 1) /* the last one is +Inf */
 

@@ -40,6 +40,9 @@ module Blackbuck
         Config::DSL.load(config, file)
         config.set(:config_file, file)
       end
+      # where the status listener's address comes from, for a boot error about it
+      @stats_origin = ("stats_listen in #{file}" if file && config[:stats_listen])
+      @stats_origin = "--stats-listen" if @overrides.any? { |k, _| k == :stats_listen }
       @overrides.each do |k, v|
         config.set(k, k == :listen_one && @proxy_protocol ? Config::Listen.new(v, true) : v)
       end
@@ -54,13 +57,32 @@ module Blackbuck
       Reexec.command = [RbConfig.ruby, File.expand_path($PROGRAM_NAME), *argv]
       Server.run(config, app)
     rescue OptionParser::ParseError => e
-      @err.puts "blackbuck: #{e.message} (see blackbuck --help)"
+      @err.puts "blackbuck: #{CLI.parse_error(e, parser)} (see blackbuck --help)"
       2
     rescue ConfigError, LoadError => e
-      say_error(e)
+      say_error(@stats_origin && e.respond_to?(:with_origin) ? e.with_origin(@stats_origin) : e)
       1
     rescue Interrupt
       1
+    end
+
+    # One line for what OptionParser refused: a misspelt long option gets the nearest one
+    # ("invalid option: --wokers (did you mean --workers?)"), in place of OptionParser's own
+    # suggestion on a second line without its dashes.
+    def self.parse_error(err, parser)
+      first = err.message.lines.first.chomp
+      return first unless err.is_a?(OptionParser::InvalidOption) && parser
+
+      name = err.args.first.to_s[/\A--([^=]+)/, 1]
+      near = name && spell_checker(parser.top.long.keys)&.correct(name)&.first
+      near ? "#{first} (did you mean --#{near}?)" : first
+    end
+
+    def self.spell_checker(words)
+      require "did_you_mean"
+      DidYouMean::SpellChecker.new(dictionary: words)
+    rescue LoadError # Ruby run with --disable-did_you_mean
+      nil
     end
 
     private
@@ -111,8 +133,8 @@ module Blackbuck
              &set(:threads))
         o.on("--max-requests-per-child N", "recycle a worker after N requests (0 = never)", &set(:max_requests_per_child))
         o.on("--min-requests-per-child N", "each worker's limit is random in [min, max]", &set(:min_requests_per_child))
-        o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced (default 60)",
-             &set(:timeout))
+        o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced " \
+                                    "(default 60; off in development; 0 = off)", &set(:timeout))
         o.on("--graceful-timeout SEC", "how long TERM waits for in-flight requests (default 30)", &set(:graceful_timeout))
         o.on("--shutdown-delay SEC", "after TERM keep serving SEC seconds while GET /ready answers 503, then stop " \
                                      "(default 0; Kubernetes)", &set(:shutdown_delay))

@@ -12,6 +12,7 @@ module Blackbuck
     KIB = 1024
     MIB = 1024 * KIB
     MAX_THREADS = 256 # app threads per worker at most
+    REQUEST_TIMEOUT = 60 # seconds: the timeout setting's default outside development
 
     # One entry of the listen list: an address (as Listeners.parse reads it) and whether every
     # connection to it starts with a PROXY protocol header from a load balancer.
@@ -36,7 +37,8 @@ module Blackbuck
       log: nil,                       # log file path; nil -> stderr
       max_requests_per_child: 0,      # requests; 0 = never recycle
       min_requests_per_child: nil,    # requests; each worker's limit is random in [min, max]
-      timeout: 60,                    # seconds a request may run before the worker is replaced
+      timeout: nil,                   # seconds a request may run before the worker is replaced; 0 = off;
+                                      # nil -> REQUEST_TIMEOUT, or 0 in development (a debugger's prompt)
       graceful_timeout: 30,           # seconds TERM waits for in-flight requests
       shutdown_delay: 0,              # seconds TERM keeps serving (GET /ready says 503) before the graceful stop
       max_queue_time: 0,              # seconds a request may have waited for the app, else 503 + Retry-After; 0 = off
@@ -117,8 +119,9 @@ module Blackbuck
       when :unix_socket_group then @values[key] = group(key, value)
       when :workers then @values[key] = int(key, value, 1, 4096)
       when :threads then @values[key] = int(key, value, 1, MAX_THREADS)
-      when :timeout, :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
+      when :graceful_timeout, :keepalive_timeout, :header_timeout, :body_timeout, :write_timeout
         @values[key] = seconds(key, value)
+      when :timeout then @values[key] = seconds(key, value, off: true)
       when :shutdown_delay, :max_queue_time, :handoff_after then @values[key] = seconds(key, value, zero: true)
       when :max_headers then @values[key] = int(key, value, 1, 1000)
       when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
@@ -135,6 +138,9 @@ module Blackbuck
       @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : 9292
       @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Config.cpus
       @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || "development"
+      # No request timeout in development unless one is set (as Puma): a developer at a `debugger`
+      # prompt must not have the worker replaced under them.
+      @values[:timeout] ||= @values[:environment] == "development" ? 0 : REQUEST_TIMEOUT
       @values[:debug] ||= bool(:BLACKBUCK_DEBUG, env["BLACKBUCK_DEBUG"]) if env["BLACKBUCK_DEBUG"]
       @values[:listen] = [listen_entry("#{@values[:host]}:#{@values[:port]}")] if @values[:listen].empty?
       min = @values[:min_requests_per_child]
@@ -158,13 +164,17 @@ module Blackbuck
       raise ConfigError, "#{key} must be an integer #{range}, got #{value.inspect}"
     end
 
-    def seconds(key, value, zero: false)
+    # zero: 0 is allowed; off: ... and means "off" (said so in the error).
+    def seconds(key, value, zero: false, off: false)
       n = value.is_a?(Numeric) ? value : Float(value.to_s)
-      raise ArgumentError unless (n.positive? || (zero && n.zero?)) && n.finite?
+      raise ArgumentError unless (n.positive? || ((zero || off) && n.zero?)) && n.finite?
 
       n == n.to_i ? n.to_i : n
     rescue ArgumentError, TypeError
-      raise ConfigError, "#{key} must be a #{zero ? 'non-negative' : 'positive'} number of seconds, got #{value.inspect}"
+      what = if off then "positive number of seconds (0: off)"
+             else "#{zero ? 'non-negative' : 'positive'} number of seconds"
+             end
+      raise ConfigError, "#{key} must be a #{what}, got #{value.inspect}"
     end
 
     def bool(key, value)
@@ -232,17 +242,29 @@ module Blackbuck
         @config = config
       end
 
+      # Evaluates the file at path into config. Every error is a ConfigError that starts with
+      # "path:LINE: " (the line of the file that raised), or "path: " when no line is known.
       def self.load(config, path)
         src = File.read(path)
         new(config).instance_eval(src, path, 1)
         config
       rescue Errno::ENOENT, Errno::EACCES, Errno::EISDIR => e
         raise ConfigError, "cannot read config file #{path}: #{e.message.sub(/ @ .*/, '')}"
+      rescue SyntaxError => e # Ruby's message starts with "path:LINE: "
+        raise ConfigError, e.message.start_with?("#{path}:") ? e.message : "#{path}: #{e.message}"
       rescue ConfigError => e
-        raise ConfigError, "#{path}: #{e.message}"
+        raise ConfigError, "#{line_in(e, path)}: #{e.message}"
       rescue ScriptError, StandardError => e
-        where = e.backtrace&.find { |l| l.start_with?(path) }&.split(":in")&.first || path
-        raise ConfigError, "#{where}: #{e.class}: #{e.message}"
+        raise ConfigError, "#{line_in(e, path)}: #{e.class}: #{e.message}"
+      end
+
+      # "path:LINE" of the innermost frame of err's backtrace in the file being loaded, else path.
+      def self.line_in(err, path)
+        loc = err.backtrace_locations&.find { |l| l.path == path }
+        return "#{path}:#{loc.lineno}" if loc
+
+        line = err.backtrace&.find { |l| l.start_with?("#{path}:") }
+        line ? line[/\A#{Regexp.escape(path)}:\d+/] : path
       end
 
       # listen "127.0.0.1:8080", "unix:/run/app.sock", proxy_protocol: true
@@ -259,7 +281,17 @@ module Blackbuck
       end
 
       def method_missing(name, *)
-        raise ConfigError, "unknown directive #{name}"
+        raise ConfigError, "unknown directive #{name}#{DSL.suggestion(name)}"
+      end
+
+      # " (did you mean workers?)" for a directive name close to one that exists, else "".
+      def self.suggestion(name)
+        require "did_you_mean"
+        names = (DEFAULTS.keys - %i[config_file]).map(&:to_s)
+        near = DidYouMean::SpellChecker.new(dictionary: names).correct(name.to_s).first
+        near ? " (did you mean #{near}?)" : ""
+      rescue LoadError # Ruby run with --disable-did_you_mean
+        ""
       end
 
       def respond_to_missing?(*) = false

@@ -88,29 +88,43 @@ module Blackbuck
       n
     end
 
+    # One listener: the first address of addr that can be bound (127.0.0.1 for "localhost").
     def bind(addr, backlog:, unix_mode: nil, unix_group: nil, bare_host: ANY_HOST)
-      bind_all(addr, backlog: backlog, unix_mode: unix_mode, unix_group: unix_group, bare_host: bare_host).first
+      all = bind_all(addr, backlog: backlog, unix_mode: unix_mode, unix_group: unix_group, bare_host: bare_host)
+      all.drop(1).each(&:close)
+      all.first
     end
 
-    # Every listener an address names: a host name with several addresses ("localhost": ::1 and
-    # 127.0.0.1) gets one per address, all on the same port, as Puma does.
+    # Every listener an address names: a host name with several addresses ("localhost": 127.0.0.1
+    # and ::1) gets one per address, all on the same port, as Puma does.
     def bind_all(addr, backlog:, unix_mode: nil, unix_group: nil, proxy_protocol: false, bare_host: ANY_HOST)
       kind, host, where = parse(addr, bare_host: bare_host)
       return [bind_unix(where, backlog, unix_mode, unix_group, proxy_protocol: proxy_protocol)] if kind == :unix
 
-      addrs = Addrinfo.getaddrinfo(host, where, nil, :STREAM, nil, Socket::AI_PASSIVE).uniq(&:ip_address)
-      raise ConfigError, "cannot resolve #{host}" if addrs.empty?
-
+      ips = addresses(host, where)
       port = where
-      bound = addrs.filter_map do |ai|
-        l = bind_tcp(Addrinfo.tcp(ai.ip_address, port), host, port, backlog, optional: addrs.size > 1,
-                                                                               proxy_protocol: proxy_protocol)
+      bound = ips.filter_map do |ip|
+        l = bind_tcp(Addrinfo.tcp(ip, port), host, port, backlog, optional: ips.size > 1, proxy_protocol: proxy_protocol)
         port = l.port if l # the others take the port the first one got (port 0: the kernel's pick)
         l
       end
       raise ConfigError, "cannot listen on #{host}:#{where}: none of its addresses can be bound here" if bound.empty?
 
       bound
+    end
+
+    LOCALHOST = %w[127.0.0.1 ::1].freeze # what "localhost" names (RFC 6761 6.3), whatever /etc/hosts says
+
+    # The IP addresses host names, each once. "localhost" is both loopback addresses without asking the
+    # resolver: many /etc/hosts lack "::1 localhost" (Debian's images, containers), which would leave
+    # clients that try ::1 first (browsers, curl) refused; ::1 is skipped where the machine has no IPv6.
+    def addresses(host, port)
+      return LOCALHOST if host.casecmp?("localhost")
+
+      ips = Addrinfo.getaddrinfo(host, port, nil, :STREAM, nil, Socket::AI_PASSIVE).map(&:ip_address).uniq
+      raise ConfigError, "cannot resolve #{host}" if ips.empty?
+
+      ips
     rescue SocketError => e
       raise ConfigError, "cannot resolve #{host}: #{e.message}"
     end
@@ -230,7 +244,7 @@ module Blackbuck
       return kind == :unix && File.expand_path(where) == File.expand_path(local.unix_path) if local.unix?
       return false unless kind == :tcp && where == local.ip_port
 
-      Addrinfo.getaddrinfo(host, where, nil, :STREAM, nil, Socket::AI_PASSIVE).any? { |ai| ai.ip_address == local.ip_address }
+      addresses(host, where).include?(local.ip_address)
     rescue ConfigError, SocketError
       false
     end

@@ -71,7 +71,7 @@ module Blackbuck
       local = listener.io.local_address
       return Listeners.names?(addr, local) unless where.zero?
 
-      Addrinfo.getaddrinfo(host, 0, nil, :STREAM, nil, Socket::AI_PASSIVE).any? { |ai| ai.ip_address == local.ip_address }
+      Listeners.addresses(host, 0).include?(local.ip_address)
     rescue ConfigError, SocketError, SystemCallError
       false
     end

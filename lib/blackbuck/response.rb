@@ -16,6 +16,7 @@ module Blackbuck
     HIJACK = "rack.hijack"
     EARLY_HINTS = "rack.early_hints"
     CLOSED = Class.new(StandardError) # the client went away mid-body
+    InvalidBody = Class.new(TypeError) # not a Rack body (a String, nil): answered 500 before anything is sent
 
     # What #handle answers:
     DONE = :done         # the whole response is sent
@@ -88,6 +89,7 @@ module Blackbuck
     private
 
     def write(conn, env, status, headers, body, hooks)
+      stage = nil # how far a streamed body got (#stream_each): what a failure can still answer
       status = Integer(status)
       raise TypeError, "response headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
 
@@ -103,30 +105,46 @@ module Blackbuck
       elsif (parts = array_parts(body))
         mode = conn.write_response(status, headers, parts, false)
       elsif !(mode = write_file_body(conn, status, headers, body))
-        mode = conn.write_response(status, headers, nil, false)
-        if mode >= Native::Conn::STREAM_CHUNKED
-          streaming = true
-          mode = stream(conn, body, mode == Native::Conn::STREAM_CHUNKED)
+        unless body.respond_to?(:each) || body.respond_to?(:call)
+          raise InvalidBody, "app returned #{body.nil? ? 'a nil' : "a #{body.class}"} body; a Rack body responds to each or call"
+        end
+        if body.respond_to?(:each) && !bodiless?(env, status)
+          mode = stream_each(conn, status, headers, body) { |reached| stage = reached }
+        else
+          mode = conn.write_response(status, headers, nil, false)
+          if mode >= Native::Conn::STREAM_CHUNKED
+            stage = :sent
+            mode = stream_call(conn, body, mode == Native::Conn::STREAM_CHUNKED)
+          end
         end
       end
       return DROP if mode == Native::Conn::WRITE_FAILED
 
       # DONE: all of it is out; WRITTEN: some may wait in the output queue for the client
-      streaming || mode != Native::Conn::WRITE_DONE ? WRITTEN : DONE
+      stage == :sent || mode != Native::Conn::WRITE_DONE ? WRITTEN : DONE
     rescue CLOSED
       DROP
     rescue StandardError => e
-      # Nothing was written when write_response raised (it validates first): answer 500. Once a
-      # streamed body has begun, its status is out; the only honest signal left is to end the
-      # connection without the final chunk (or short of Content-Length), so the client sees a
-      # truncated body, never a second response spliced into the first.
-      if streaming
-        @logger.exception("body failed after the head was sent, connection closed: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+      # Nothing was written when write_response raised (it validates first), nor when an `each` body
+      # failed before its first part: answer 500. Once a streamed body has begun, its status is out;
+      # the only honest signal left is to end the connection without the final chunk (or short of
+      # Content-Length), so the client sees a truncated body, never a second response spliced into
+      # the first.
+      request = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}"
+      case stage
+      when :sent
+        @logger.exception("body failed after the head was sent, connection closed: #{request}", e)
         return CLOSE
+      when :each then @logger.exception("body failed before its first part: #{request}", e)
+      else
+        e.is_a?(InvalidBody) ? @logger.error("#{e.message}: #{request}") : @logger.exception("invalid response", e)
       end
-      @logger.exception("invalid response", e)
       answer_error(conn, 500, hooks)
     end
+
+    # A response that never has a body: Conn#write_response sends its head alone (the same rule in
+    # C), and its `each` body is not iterated.
+    def bodiless?(env, status) = status < 200 || status == 204 || status == 304 || env["REQUEST_METHOD"] == "HEAD"
 
     # The body as an Array when it is one or converts to one. `to_ary` may answer nil, Ruby's
     # "not convertible" (Rails 6.1's response body does): such a body is streamed with `each`.
@@ -172,16 +190,35 @@ module Blackbuck
       conn.write_response(404, NOT_FOUND_HEADERS, NOT_FOUND_BODY, false) if status == 404
     end
 
-    def stream(conn, body, chunked)
-      if body.respond_to?(:each)
-        body.each { |part| conn.write_part(part, chunked) || raise(CLOSED) }
-      elsif body.respond_to?(:call)
-        out = Stream.new(conn, chunked)
-        body.call(out)
-        out.close
-      else
-        raise TypeError, "response body must respond to each or call, got #{body.class}"
+    # An `each` body's head goes out with its first part (or, when it yields none, once `each` has
+    # returned), so a body that fails before its first part is still answered 500: nothing of it was
+    # sent. Yields how far it got: :each (the body runs, nothing sent), :head (the head is being
+    # written), :sent (the head is out). The write mode (WRITE_FAILED: the client is gone).
+    def stream_each(conn, status, headers, body)
+      mode = nil
+      head = lambda do
+        yield :head
+        mode = conn.write_response(status, headers, nil, false)
+        yield :sent
+        mode >= Native::Conn::STREAM_CHUNKED
       end
+      yield :each
+      body.each do |part|
+        return mode if mode.nil? && !head.call
+
+        conn.write_part(part, mode == Native::Conn::STREAM_CHUNKED) || raise(CLOSED)
+      end
+      return mode if mode.nil? && !head.call
+
+      conn.finish_body(mode == Native::Conn::STREAM_CHUNKED) || raise(CLOSED)
+      Native::Conn::WRITE_DONE
+    end
+
+    # A Rack 3 callable body: its head is out already, the app writes the body to a stream.
+    def stream_call(conn, body, chunked)
+      out = Stream.new(conn, chunked)
+      body.call(out)
+      out.close
       conn.finish_body(chunked) || raise(CLOSED)
       Native::Conn::WRITE_DONE
     end

@@ -29,6 +29,7 @@ module Blackbuck
       logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers" \
                   "#{" x #{config[:threads]} app threads" if config[:threads] > 1}, parser #{Native.http_impl}, pid #{Process.pid}" \
                   "#{", config #{config[:config_file]}" if config[:config_file]}")
+      logger.info(timeout_line(config))
       write_pid(config[:pid])
       supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
                                   old_workers: Reexec.old_workers(env), notify: SystemdNotify.from_env(env))
@@ -83,6 +84,14 @@ module Blackbuck
         nil
       end
       alias shutdown stop
+    end
+
+    # Which request timeout applies (none in development unless set: a debugger's prompt).
+    def timeout_line(config)
+      seconds = config[:timeout]
+      return "request timeout: #{seconds}s" if seconds.positive?
+
+      "request timeout: off#{' (the default in development; set timeout to have one)' if config[:environment] == 'development'}"
     end
 
     # Thousands of keep-alive connections need thousands of descriptors: take the hard limit.

@@ -28,6 +28,20 @@ module Blackbuck
     FORMAT = 1                # version of the /status JSON
     STATE_NAMES = Native::Scoreboard::NAMES
 
+    # At boot, the status listener's address cannot be bound: a boot error that says it is the status
+    # listener's, and where its address was set (origin: "stats_listen in FILE", "--stats-listen";
+    # the CLI knows which and calls #with_origin).
+    class ListenError < ConfigError
+      attr_reader :reason
+
+      def initialize(reason = nil, origin = "stats_listen")
+        @reason = reason
+        super("status listener (#{origin}): #{reason}")
+      end
+
+      def with_origin(origin) = self.class.new(reason, origin)
+    end
+
     # One status connection: the request head read so far, the answer not yet taken (nil while
     # the head is incomplete) and the monotonic time it is closed at if not done by then.
     Client = Struct.new(:io, :head, :out, :deadline)
@@ -47,7 +61,7 @@ module Blackbuck
           listener = Listeners.bind(addr, backlog: backlog, bare_host: LOCAL_HOST)
           inherited&.close
         rescue ConfigError => e
-          raise unless inherited # at boot: the error; after a HUP: the old address keeps serving
+          raise ListenError, e.message unless inherited # at boot: the error; after a HUP: the old address keeps serving
 
           logger.warn("HUP: status listener: #{e.message}; keeping #{inherited.name}")
           listener = inherited

@@ -4,6 +4,7 @@ require "json"
 require "optparse"
 require "socket"
 require_relative "errors"
+require_relative "cli"
 require_relative "listeners"
 
 module Blackbuck
@@ -34,20 +35,24 @@ module Blackbuck
     end
 
     def run
-      rest = OptionParser.new do |o|
+      parser = OptionParser.new do |o|
         o.banner = "Usage: blackbuck status [--json] [-c FILE] [ADDR]"
         o.separator "ADDR: HOST:PORT or unix:/path, as given to --stats-listen. Without it: the stats_listen"
         o.separator "of the config file given with -c (default config/blackbuck.rb when present), else $#{ENV_ADDR}."
         o.on("--json", "print the raw JSON") { @json = true }
         o.on("-c", "--config FILE", "read the address from this config file's stats_listen") { |f| @config_file = f }
-      end.parse(@argv)
+      end
+      rest = parser.parse(@argv)
       raise UsageError, "want at most one ADDR, got #{rest.join(' ')} (see blackbuck status --help)" if rest.size > 1
 
       addr = rest.first || configured_address
       body, snapshot = fetch(addr)
       @json ? @out.puts(body) : @out.print(table(snapshot))
       0
-    rescue OptionParser::ParseError, UsageError => e
+    rescue OptionParser::ParseError => e
+      @err.puts "blackbuck status: #{CLI.parse_error(e, parser)} (see blackbuck status --help)"
+      2
+    rescue UsageError => e
       @err.puts "blackbuck status: #{e.message}"
       2
     rescue ConfigError => e
@@ -152,14 +157,21 @@ module Blackbuck
       body.byteslice(0, length)
     end
 
-    # "last 60s: 1234 requests  queue p50 0.2ms p99 3.1ms  app p50 1.0ms p99 12.0ms  shed 0"
+    # "last 60s: 1234 requests  queue p50 0.012ms p99 3.1ms  app p50 0.038ms p99 12.0ms  shed 0"
     def recent_line(r)
       return "recent: -" unless r
 
-      ms = ->(v) { v ? format("%.1fms", v * 1000) : "-" }
+      ms = ->(v) { v ? StatusClient.ms(v) : "-" }
       span = r["seconds"] ? "last #{r['seconds'].round}s" : "since start"
       "#{span}: #{r['requests']} requests  queue p50 #{ms[r.dig('queue_time', 'p50')]} p99 #{ms[r.dig('queue_time', 'p99')]}" \
         "  app p50 #{ms[r.dig('duration', 'p50')]} p99 #{ms[r.dig('duration', 'p99')]}  shed #{r['shed']}"
+    end
+
+    # Seconds as milliseconds: 0.1 ms resolution from 1 ms on, microseconds below (a 35 us request
+    # reads 0.035ms, not 0.0ms or 1.0ms).
+    def self.ms(seconds)
+      ms = seconds * 1000
+      ms < 1 ? format("%.3fms", ms) : format("%.1fms", ms)
     end
 
     def table(s)

@@ -10,11 +10,16 @@ module Blackbuck
   # the dead and the stuck, and turns signals into actions. Traps only enqueue and wake the
   # loop; #run's `case` is the whole lifecycle (docs/SIGNALS.md follows it branch for branch).
   class Supervisor
-    Child = Struct.new(:index, :pid, :control, :started_at, :timeout_sent_at)
+    # ready: it has taken its scoreboard slot (booted) since it was forked.
+    Child = Struct.new(:index, :pid, :control, :started_at, :timeout_sent_at, :ready)
 
     SIGNALS = %i[TERM INT QUIT HUP TTIN TTOU USR1 CHLD].freeze
     TIMEOUT_KILL_GRACE = 5  # seconds after the timeout notice (USR2) before SIGKILL
-    RESPAWN_BACKOFF = 1     # seconds to wait before replacing a worker that died within a second
+    RESPAWN_BACKOFF = 1     # seconds to wait before replacing a worker that died within a second;
+                            # the first wait after a worker that could not boot, doubled each time
+    RESPAWN_BACKOFF_MAX = 8 # seconds: the longest of those waits
+    BOOT_ATTEMPTS = 10      # workers that exit before they are ready, in a row (none becoming ready
+                            # meanwhile), after which the master gives up and exits 1
     FORCE_GRACE = 5         # seconds a forced stop (a second INT/TERM) gives a request already in the app
 
     def initialize(config:, app:, listeners:, logger:, old_workers: [], notify: nil)
@@ -33,6 +38,13 @@ module Blackbuck
       @notify = notify       # SystemdNotify under a Type=notify unit, else nil
       @announced = false     # READY=1 said for the current set of workers
       @drain_until = nil     # shutdown_delay: when TERM's delay is over
+      @boot_failures = 0     # workers that exited before they were ready, since one last became ready
+      @boot_backoff = nil    # seconds the last respawn after a boot failure waited
+      @exit_status = 0       # 1 once the workers cannot boot
+      # Why a worker crashed, from the worker (one line each: "PID REASON"), for the master's log
+      # line when workers cannot boot.
+      @crash_r, @crash_w = IO.pipe
+      @crashes = {} # pid => reason, until that worker is reaped
       # Connections move between this master's workers over it (Native::Handoff, handoff_after).
       # Made once per generation, so a HUP re-exec's workers never take the old ones' (close-on-exec).
       @handoff = config[:handoff_after].positive? ? Socket.pair(:UNIX, :SEQPACKET) : nil
@@ -121,13 +133,19 @@ module Blackbuck
         @announced = false
         @children.each_value { |c| tell_stop(c) if c.index >= @wanted }
       when :USR1
-        @logger.reopen
+        reopen_log
         (@children.keys + @old_workers.keys).each { |pid| signal(:USR1, pid) } # old ones still write to it too
       when :CHLD
         reap
       else
         raise "[BUG] unexpected signal #{sig}"
       end
+    end
+
+    # USR1 (logrotate moved the file): opens the log file again and says so in the new one.
+    def reopen_log
+      @logger.reopen
+      @logger.info(@config[:log] ? "USR1: reopened log file #{@config[:log]}" : "USR1: no log file to reopen (logging to stderr)")
     end
 
     def enqueue(sig)
@@ -171,6 +189,7 @@ module Blackbuck
     end
 
     def spawn_missing
+      note_ready
       taken = @children.values.map(&:index)
       (0...@wanted).each do |i|
         next if taken.include?(i)
@@ -185,26 +204,81 @@ module Blackbuck
       @config[:before_fork]&.call(self, index)
       pid = fork do
         control_w.close
-        [@wake_r, @wake_w].each(&:close)
+        [@wake_r, @wake_w, @crash_r].each(&:close)
         @status&.close_in_child
         @children.each_value { |c| c.control.close }
         @old_workers.each_value { |io| io.close unless io.nil? || io.closed? }
         run_worker(index, control_r)
       end
       control_r.close
-      @children[pid] = Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), nil)
+      @children[pid] = Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), nil, false)
     end
 
     def run_worker(index, control)
       SIGNALS.each { |sig| trap(sig, "DEFAULT") }
       batch_scheduling if @config[:sched_batch] # before the hook, so threads it starts inherit it
+      hook = "after_fork"
       @config[:after_fork]&.call(self, index)
+      hook = nil
       Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
                  scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit, handoff: @handoff).run
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
       @logger.exception("worker #{index} crashed", e)
+      tell_crash("#{hook || 'the worker'} raised #{e.class}: #{e.message.lines.first&.chomp}")
       exit!(1)
+    end
+
+    # In a crashing worker: why, for the master (#reap); one line, written at once or not at all.
+    def tell_crash(reason)
+      @crash_w.write_nonblock("#{Process.pid} #{reason.byteslice(0, 1000).scrub.tr("\n", ' ')}\n", exception: false)
+    rescue IOError, SystemCallError
+      nil
+    end
+
+    # Workers that have taken their slot since the last look: each is a boot that worked, so the
+    # boot failures in a row start again from none.
+    def note_ready
+      @children.each_value { |c| booted(c) unless c.ready || @scoreboard.read(c.index)[0] != c.pid }
+    end
+
+    def booted(child)
+      child.ready = true
+      @boot_failures = 0
+      @boot_backoff = nil
+    end
+
+    # A worker that exited before it was ready: it is replaced after a wait that doubles with each
+    # such exit in a row (RESPAWN_BACKOFF .. RESPAWN_BACKOFF_MAX; one wait for all the workers that
+    # failed together). After BOOT_ATTEMPTS in a row the workers cannot boot: the master stops and
+    # exits 1 (a supervisor such as systemd then sees the failure), rather than forking for ever
+    # while clients wait in the listen queue. Not while a HUP's previous workers still serve: they
+    # go on serving the old code, and the new workers are tried on (every RESPAWN_BACKOFF_MAX).
+    def boot_failed(child, how)
+      @boot_failures += 1
+      why = @crashes.delete(child.pid) || how
+      if @boot_failures >= BOOT_ATTEMPTS && !handing_over?
+        @logger.error("workers cannot boot: #{why} (#{@boot_failures} attempts in a row); exiting")
+        @exit_status = 1
+        @stopping = true
+        return
+      end
+      unless @respawn_after && now < @respawn_after # the workers that failed together wait once
+        @boot_backoff = @boot_backoff ? [@boot_backoff * 2, RESPAWN_BACKOFF_MAX].min : RESPAWN_BACKOFF
+        @respawn_after = now + @boot_backoff
+      end
+      @logger.warn("worker #{child.index} (pid #{child.pid}) #{how} before it was ready (#{why}; boot failure " \
+                   "#{@boot_failures} of #{BOOT_ATTEMPTS} in a row); replacing it in #{(@respawn_after - now).ceil}s")
+    end
+
+    # The crash reasons workers wrote since the last look (#tell_crash), by pid.
+    def read_crashes
+      while (data = @crash_r.read_nonblock(65_536, exception: false)).is_a?(String)
+        data.each_line do |line|
+          pid, reason = line.chomp.split(" ", 2)
+          @crashes[pid.to_i] = reason if reason
+        end
+      end
     end
 
     # sched_batch: the worker is a batch task (see Native.sched_batch). Where the kernel refuses
@@ -240,14 +314,19 @@ module Blackbuck
 
         @request_counts.worker_exited(child.index, pid) # before spawn_missing lets a new worker reset the slot
         child.control.close unless child.control.closed?
+        read_crashes
         lived = Process.clock_gettime(Process::CLOCK_MONOTONIC) - child.started_at
         how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
+        booted(child) if !child.ready && @scoreboard.read(child.index)[0] == pid # ready, then gone before #note_ready saw it
         if status.success?
           @logger.info("worker #{child.index} (pid #{pid}) #{how}")
+        elsif !child.ready && !@stopping
+          boot_failed(child, how)
         else
           @logger.warn("worker #{child.index} (pid #{pid}) #{how}#{'; replacing it' unless @stopping}")
+          @respawn_after = Process.clock_gettime(Process::CLOCK_MONOTONIC) + RESPAWN_BACKOFF if lived < 1
         end
-        @respawn_after = Process.clock_gettime(Process::CLOCK_MONOTONIC) + RESPAWN_BACKOFF if lived < 1 && !status.success?
+        @crashes.delete(pid)
         @config[:after_worker_exit]&.call(self, child.index, status)
       rescue Errno::ECHILD
         break
@@ -255,8 +334,11 @@ module Blackbuck
     end
 
     # --timeout: USR2 makes the worker raise RequestTimeout inside the app (the client gets a
-    # 503 and the log a backtrace); a worker that does not come back is killed.
+    # 503 and the log a backtrace); a worker that does not come back is killed. 0: no timeout (the
+    # default in development).
     def enforce_timeouts
+      return if @config[:timeout].zero?
+
       limit_ms = @config[:timeout] * 1000
       t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       @children.each_value do |c|
@@ -421,6 +503,9 @@ module Blackbuck
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
       @children.each_value { |c| tell_stop(c) }
       stop_old_workers # after a HUP not yet complete: they stop too
+      # A worker whose app runs reads its pipe only after the request: this makes it close its
+      # listeners now, so new connections are refused instead of queued (Worker#stop_accepting_in_app).
+      (@children.keys + @old_workers.keys).each { |pid| signal(Worker::STOP_ACCEPTING_SIGNAL, pid) }
       stops = 1
       deadline = now + @config[:graceful_timeout] + 1
       until @children.empty? && @old_workers.empty?
@@ -439,14 +524,14 @@ module Blackbuck
                        "they are running (at most #{FORCE_GRACE}s); #{sig} once more exits at once")
           @children.each_value { |c| tell_stop(c, Worker::FORCE_MESSAGE) }
           deadline = [deadline, now + FORCE_GRACE].min
-        when :USR1 then @logger.reopen
+        when :USR1 then reopen_log
         when :CHLD then reap
         else @logger.info("#{sig} ignored: the server is stopping")
         end
       end
       kill_workers(stops > 1 ? "still running after the forced stop" : "still running after graceful_timeout")
       @logger.info("master (pid #{Process.pid}) exiting")
-      0
+      @exit_status
     ensure
       @status&.close
     end
@@ -455,7 +540,7 @@ module Blackbuck
       @logger.warn("#{sig}: exiting at once")
       kill_workers("still running")
       @logger.info("master (pid #{Process.pid}) exiting")
-      0
+      @exit_status
     end
 
     def kill_workers(why)

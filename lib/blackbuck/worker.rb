@@ -40,6 +40,8 @@ module Blackbuck
                              # header (the spec: at least 3, for a TCP retransmit); header_timeout if shorter
     STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
+    STOP_ACCEPTING_SIGNAL = :URG # from the master after STOP_MESSAGE when the whole server stops: a
+                                 # worker whose app is running closes its listeners at once (#stop_accepting_in_app)
 
     QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
     SHED_HEADERS = { "content-type" => "text/plain", "retry-after" => "1" }.freeze
@@ -82,6 +84,8 @@ module Blackbuck
       @in_app = false
       @gc_pending = false
       @paused = false
+      @listeners_closed = false     # by #stop_accepting_in_app: the listeners are out of the poller for good
+      @stop_accepting_asked = false # STOP_ACCEPTING_SIGNAL came while the app was not running
       # Settings read on every request, fetched once.
       @max_keepalive_requests = config[:max_keepalive_requests]
       @keepalive = config[:keepalive]
@@ -147,6 +151,7 @@ module Blackbuck
       # (it may move this worker's waiting connections in between).
       @app_gate.request_start(@index, conn, queued)
       @in_app = true
+      stop_accepting_in_app if @stop_accepting_asked # the signal came just before: nothing read the pipe yet
       begin
         mode = @response.handle(conn, env)
       ensure
@@ -437,6 +442,10 @@ module Blackbuck
       # A second one forces the stop (Ctrl-C reaches the master and its workers alike).
       %i[TERM INT QUIT].each { |sig| trap(sig) { @stop_signals += 1 } }
       trap(:USR1) { @reopen_logs = true }
+      trap(STOP_ACCEPTING_SIGNAL) do
+        @stop_accepting_asked = true
+        stop_accepting_in_app if @in_app
+      end
       # The master's request-timeout notice: interrupt the app where it is.
       trap(:USR2) do
         if @pool
@@ -495,7 +504,7 @@ module Blackbuck
     def accept_from(listener)
       fd, template, tcp, proxy, index, seconds = listener
       ACCEPT_BATCH.times do
-        return if @stopping # a request served just now may have started a stop
+        return if @stopping || @listeners_closed # a request served just now may have started a stop
 
         if @conns.size >= @max_connections || (@pool && saturated? && !@pass_fd)
           pause_accepting
@@ -540,7 +549,7 @@ module Blackbuck
       return if @paused
 
       @paused = true
-      @listener_by_fd.each_key { |fd| @poller.delete(fd) }
+      @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @listeners_closed
       handoff_intake(false)
     end
 
@@ -548,7 +557,7 @@ module Blackbuck
       return unless @paused && !@stopping && @conns.size < @max_connections && (@pass_fd || !saturated?)
 
       @paused = false
-      @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) }
+      @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) } unless @listeners_closed
       handoff_intake(true) unless saturated?
     end
 
@@ -716,7 +725,7 @@ module Blackbuck
       publish_free if @pool # 0: no request moves here any more
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
-      @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused
+      @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused || @listeners_closed
       close_listeners
       drain_until = now + @stop_idle_seconds
       @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
@@ -736,6 +745,26 @@ module Blackbuck
         accept_queued(@listener_by_fd[l.fd]) unless l.io.closed?
         l.io.close unless l.io.closed?
       end
+    end
+
+    # The server stops (Supervisor#shutdown: STOP_MESSAGE on the control pipe, then
+    # STOP_ACCEPTING_SIGNAL) while this worker's app runs a request: its loop reads the pipe only once
+    # the app returns, and meanwhile its listeners would keep queueing new connections for it. So
+    # they close now, their queued connections taken first (#close_listeners: served after the
+    # request, not reset), and once every worker's and the master's are closed a new connection is
+    # refused at once: a load balancer retries it elsewhere. The request runs on; the stop itself
+    # begins when the loop reads the pipe. Runs in the trap only while the app runs (the loop's state
+    # is still then; the poller is safe to change from here, as the hand-off watcher's is), and never
+    # raises into the app. A stray signal does nothing: the master's message must be waiting.
+    def stop_accepting_in_app
+      @stop_accepting_asked = false
+      return if @stopping || @listeners_closed || !IO.select([@control], nil, nil, 0)
+
+      @listeners_closed = true # from here the loop never touches a listener's number: it may be reused
+      @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused
+      close_listeners
+    rescue StandardError
+      nil # a listener left open is closed when the stop begins
     end
 
     def accept_queued(listener)
@@ -765,6 +794,7 @@ module Blackbuck
       if @reopen_logs
         @reopen_logs = false
         @logger.reopen
+        @logger.info("worker #{@index} (pid #{Process.pid}) USR1: reopened log file #{@config[:log]}") if @config[:log]
       end
       if @stop_signals > @stop_signals_seen
         @stop_signals_seen = @stop_signals

@@ -91,10 +91,10 @@ class CLITest < ServerTest
       File.write("#{d}/bad.rb", "workers 2\nfrobnicate 3\n")
       _o, err, status = run_cli("-c", "#{d}/bad.rb", File.join(APPS, "hello.ru"))
       assert_equal 1, status.exitstatus
-      assert_one_line_error(err, /bad\.rb: unknown directive frobnicate/)
+      assert_one_line_error(err, /bad\.rb:2: unknown directive frobnicate/)
       File.write("#{d}/bad2.rb", "max_body 'lots'\n")
       _o, err, = run_cli("-c", "#{d}/bad2.rb", File.join(APPS, "hello.ru"))
-      assert_one_line_error(err, /bad2\.rb: max_body must be an integer/)
+      assert_one_line_error(err, /bad2\.rb:1: max_body must be an integer/)
       _o, err, = run_cli("-c", "#{d}/missing.rb", File.join(APPS, "hello.ru"))
       assert_one_line_error(err, /cannot read config file .*missing\.rb/)
     end

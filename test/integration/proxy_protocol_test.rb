@@ -208,7 +208,7 @@ class ProxyProtocolTest < ServerTest
       File.write("#{dir}/c.rb", %(listen "127.0.0.1:0", proxy_protocol: "maybe"\n))
       out, status = run_cli("-c", "#{dir}/c.rb", "#{APPS}/hello.ru")
       assert_equal 1, status.exitstatus
-      assert_equal ["blackbuck: #{dir}/c.rb: proxy_protocol must be true or false, got \"maybe\""], out.lines.map(&:chomp)
+      assert_equal ["blackbuck: #{dir}/c.rb:1: proxy_protocol must be true or false, got \"maybe\""], out.lines.map(&:chomp)
       File.write("#{dir}/c.rb", %(listen "127.0.0.1:0", proxy: true\n))
       out, status = run_cli("-c", "#{dir}/c.rb", "#{APPS}/hello.ru")
       assert_equal 1, status.exitstatus

@@ -40,8 +40,13 @@ class GemInstallTest < Minitest::Test
     assert_empty warnings, "gem build warned:\n#{out}"
     assert_gem_files(Gem::Package.new(gem_file).spec)
 
-    run!("gem install", *gem_command("install", "--local", "--no-document", "--ignore-dependencies",
-                                     "--install-dir", @gems, gem_file), limit: INSTALL_LIMIT)
+    # With ri documentation, as a plain `gem install` makes it: RDoc reads every source file, and
+    # reads a C comment line such as "#define X /* Transfer-Encoding: chunked */" as a magic
+    # encoding comment ("unknown encoding name "chunked" for ext/blackbuck/bb_http.h, skipping").
+    out = run!("gem install", *gem_command("install", "--local", "--document", "ri", "--ignore-dependencies",
+                                           "--install-dir", @gems, gem_file), limit: INSTALL_LIMIT)
+    assert_match(/^Installing ri documentation for blackbuck/, out)
+    assert_empty out.lines.grep(/encoding|skipping|rdoc.*(warn|error)/i), "gem install warned:\n#{out}"
     # RubyGems 3.4+ runs `make clean` after `make install`, which removes what `make` built in the
     # gem's loadgen/: the command must work from the installed copy alone, whatever RubyGems did.
     gem_dir = File.join(@gems, "gems", "blackbuck-#{Blackbuck::VERSION}")
@@ -81,6 +86,9 @@ class GemInstallTest < Minitest::Test
     needed = %w[loadgen/Makefile loadgen/extconf.rb ext/blackbuck/extconf.rb exe/blackbuck exe/blackbuck-load] +
              Dir.glob(["loadgen/src/*.{c,h}", "ext/blackbuck/*.{c,h}"], base: ROOT)
     assert_empty needed - files, "missing from the gem"
+    assert_equal ["MIT"], spec.licenses
+    assert_includes files, "LICENSE"
+    assert_match(/\AMIT License\n/, File.read(File.join(ROOT, "LICENSE")), "the license text the gemspec names")
     assert_empty files.grep(GENERATED), "generated files in the gem"
     return unless system("git", "-C", ROOT, "rev-parse", "--git-dir", out: File::NULL, err: File::NULL)
 

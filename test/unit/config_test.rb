@@ -83,6 +83,25 @@ class ConfigTest < Minitest::Test
     assert_equal 2, config.set(:timeout, "2")[:timeout]
   end
 
+  # Issue 22: no request timeout in development unless one is set (a developer at a `debugger`
+  # prompt kept losing the worker after 60 s); elsewhere Config::REQUEST_TIMEOUT. 0 is off anywhere.
+  def test_timeout_is_off_in_development_unless_set
+    assert_equal 0, config.finalize!({})[:timeout], "development, the default environment"
+    assert_equal 0, config.finalize!({ "RACK_ENV" => "development" })[:timeout]
+    assert_equal 60, config.finalize!({ "RACK_ENV" => "production" })[:timeout]
+    assert_equal 60, config.finalize!({ "RAILS_ENV" => "staging" })[:timeout]
+    assert_equal 60, config.set(:environment, "production").finalize!({})[:timeout], "-E production"
+    assert_equal 5, config.set(:timeout, "5").finalize!({})[:timeout], "given (-t, -O Timeout=): applies in development"
+    assert_equal 60, config.set(:timeout, 60).finalize!({})[:timeout], "60 given in development is 60"
+    assert_equal 0, config.set(:timeout, "0").finalize!({ "RACK_ENV" => "production" })[:timeout], "0: off anywhere"
+    Dir.mktmpdir do |d|
+      File.write("#{d}/conf.rb", "timeout 30\n")
+      assert_equal 30, Blackbuck::Config::DSL.load(config, "#{d}/conf.rb").finalize!({})[:timeout], "config file"
+    end
+    err = assert_raises(Blackbuck::ConfigError) { config.set(:timeout, "-1") }
+    assert_equal 'timeout must be a positive number of seconds (0: off), got "-1"', err.message
+  end
+
   def test_response_buffering_settings
     c = config
     assert_equal 1024 * 1024, c[:response_buffer]
@@ -147,7 +166,7 @@ class ConfigTest < Minitest::Test
       assert_equal [["127.0.0.1:8080", false], ["[::1]:8080", true], ["unix:/lb.sock", true]], c[:listen].map(&:to_a)
       File.write("#{d}/conf.rb", "listen '127.0.0.1:8080', proxy_protocol: nil\n")
       err = assert_raises(Blackbuck::ConfigError) { Blackbuck::Config::DSL.load(config, "#{d}/conf.rb") }
-      assert_equal "#{d}/conf.rb: proxy_protocol must be true or false, got nil", err.message
+      assert_equal "#{d}/conf.rb:1: proxy_protocol must be true or false, got nil", err.message
     end
     assert_equal [["a:1", false]], config.set(:listen, ["a:1"])[:listen].map(&:to_a), "set(:listen) takes Strings"
   end
@@ -192,5 +211,24 @@ class ConfigTest < Minitest::Test
   def test_min_above_max_is_an_error
     c = config.set(:max_requests_per_child, 10).set(:min_requests_per_child, 20)
     assert_raises(Blackbuck::ConfigError) { c.finalize!({}) }
+  end
+
+  # A config file's error names the line that raised, also from inside a block or a method the
+  # file defines; a misspelt directive gets the nearest one.
+  def test_config_file_errors_name_the_line
+    Dir.mktmpdir do |d|
+      path = "#{d}/conf.rb"
+      {
+        "workers 2\n\nthreads 0\n" => "#{path}:3: threads must be an integer 1..256, got 0",
+        "def setup\n  max_headers(0)\nend\nsetup\n" => "#{path}:2: max_headers must be an integer 1..1000, got 0",
+        "[1].each do\n  backlogg 5\nend\n" => "#{path}:2: unknown directive backlogg (did you mean backlog?)",
+        "workers 2\nfrobnicate 3\n" => "#{path}:2: unknown directive frobnicate",
+        "x = nil\nx.fetch(1)\n" => "#{path}:2: NoMethodError: undefined method `fetch' for nil:NilClass"
+      }.each do |source, message|
+        File.write(path, source)
+        err = assert_raises(Blackbuck::ConfigError, source) { Blackbuck::Config::DSL.load(config, path) }
+        assert_equal message, err.message.lines.first.chomp, source
+      end
+    end
   end
 end
