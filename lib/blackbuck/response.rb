@@ -124,6 +124,12 @@ module Blackbuck
       stage == :sent || mode != Native::Conn::WRITE_DONE ? WRITTEN : DONE
     rescue CLOSED
       DROP
+    rescue RequestTimeout => e
+      raise if %i[head sent].include?(stage) # the head is out: the response can only be cut short
+
+      @logger.exception("request timeout (#{@timeout}s) before the body's first part: " \
+                        "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+      TIMED_OUT[answer_error(conn, 503, hooks)]
     rescue StandardError => e
       # Nothing was written when write_response raised (it validates first), nor when an `each` body
       # failed before its first part: answer 500. Once a streamed body has begun, its status is out;

@@ -9,6 +9,14 @@ class RaisingFirstBody
   def close = nil
 end
 
+# An `each` body that takes longer than the request timeout before its first part.
+class SlowFirstBody
+  def each
+    sleep 30
+    yield "too late"
+  end
+end
+
 # A valid `each` body that yields nothing: a 200 with an empty body.
 class EmptyEachBody
   def each = nil
@@ -20,6 +28,7 @@ run lambda { |env|
   when "/nil" then [200, { "content-type" => "text/plain" }, nil]
   when "/missing" then [200, { "content-type" => "text/plain" }] # a 2-element Array: no body at all
   when "/each-raise-first" then [200, { "content-type" => "text/plain" }, RaisingFirstBody.new]
+  when "/each-slow-first" then [200, { "content-type" => "text/plain" }, SlowFirstBody.new]
   when "/each-empty" then [200, { "content-type" => "text/plain" }, EmptyEachBody.new]
   when "/hello" then [200, { "content-type" => "text/plain" }, ["hello world\n"]]
   else [404, {}, ["not found\n"]]

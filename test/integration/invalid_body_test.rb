@@ -44,6 +44,15 @@ module InvalidBodyCases
     io&.close
   end
 
+  # The request timeout fires while an `each` body works toward its first part: nothing was sent,
+  # so the client gets the timeout's 503 (not an EOF).
+  def test_a_timeout_before_the_first_part_is_a_503
+    server = start_server(["-l", "127.0.0.1:0", "-t", "1", *self.class::ARGS], app: "invalid_body.ru")
+    out = raw(server, "GET /each-slow-first HTTP/1.1\r\nHost: x\r\n\r\n", timeout: 30)
+    assert_match(%r{\AHTTP/1\.1 503 }, out, "got #{out[0, 120].inspect}")
+    assert_logged(server, /request timeout \(1s\) before the body's first part: GET \/each-slow-first/)
+  end
+
   # A HEAD request never iterates the body (nothing of it is sent), but an invalid one is still a 500.
   def test_head_of_an_invalid_body_is_a_500
     io = @server.tcp
@@ -59,17 +68,19 @@ end
 # One app thread (or BLACKBUCK_TEST_THREADS under rake test:threads).
 class InvalidBodyTest < ServerTest
   include InvalidBodyCases
+  ARGS = [].freeze
 
   def setup
-    @server = start_server(["-l", "127.0.0.1:0"], app: "invalid_body.ru")
+    @server = start_server(["-l", "127.0.0.1:0", *ARGS], app: "invalid_body.ru")
   end
 end
 
 # The app on two threads: the same answers from an app thread.
 class InvalidBodyThreadsTest < ServerTest
   include InvalidBodyCases
+  ARGS = %w[--threads 2].freeze
 
   def setup
-    @server = start_server(["-l", "127.0.0.1:0", "--threads", "2"], app: "invalid_body.ru")
+    @server = start_server(["-l", "127.0.0.1:0", *ARGS], app: "invalid_body.ru")
   end
 end
