@@ -222,11 +222,23 @@ module Blackbuck
       hook = nil
       Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
                  scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit, handoff: @handoff).run
+      flush_std
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
       @logger.exception("worker #{index} crashed", e)
       tell_crash("#{hook || 'the worker'} raised #{e.class}: #{e.message.lines.first&.chomp}")
+      flush_std
       exit!(1)
+    end
+
+    # exit! skips Ruby's at-exit flush: what the app logged to $stdout or $stderr (Rails in
+    # production logs to STDOUT) would be lost with the worker.
+    def flush_std
+      [$stdout, $stderr, STDOUT, STDERR].uniq.each do |io|
+        io.flush
+      rescue IOError, SystemCallError
+        nil
+      end
     end
 
     # In a crashing worker: why, for the master (#reap); one line, written at once or not at all.

@@ -1,0 +1,263 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "etc"
+require "net/http"
+require "shellwords"
+require_relative "chromium"
+require_relative "doc_snippets"
+require_relative "generated_app"
+require_relative "app_server"
+require_relative "proxies"
+
+# A real app in a real browser: a Rails 7.2 app generated at test time (GeneratedApp) served by
+# Blackbuck and driven by headless Chromium (Chromium) directly over TCP, through nginx over the
+# UNIX socket and through HAProxy, each set up with the examples of README.md and docs/DEPLOY.md
+# as written (DocSnippets: only addresses, ports and paths substituted), in development with
+# `rails server -u blackbuck`, and across a HUP that changes the listeners and the socket's mode.
+# `rake test:browser` runs it under gemfiles/browser.gemfile (installed by bin/setup).
+class BrowserTest < Minitest::Test
+  LOAD_BOUND = 2.0 # seconds: a production page with its asset tags, from navigation start to the end of `load`
+  CABLE_TIMEOUT = 30 # seconds: a bound for an Action Cable (re)connection that went wrong
+  WORKERS = 2 # WEB_CONCURRENCY given to every server whose command does not say
+  DOCS = DocSnippets.new(ROOT)
+  RAILS_SECTION = /Rails \(and Sinatra\)/
+  NGINX_SECTION = /nginx in front, over a UNIX socket/
+  HAPROXY_SECTION = /HAProxy in front/
+
+  # The app is generated once per run (about 20 s), in a directory nginx's www-data may traverse.
+  # A generation that failed fails every test with its error, without trying again.
+  def self.app
+    raise @app_error if @app_error
+
+    @app ||= begin
+      parent = Dir.mktmpdir("bb-browser")
+      File.chmod(0o711, parent) # as /run is: nginx's workers pass through to the socket's directory
+      Minitest.after_run { FileUtils.rm_rf(parent) }
+      GeneratedApp.new(parent).generate
+    end
+  rescue StandardError => e
+    raise @app_error = e
+  end
+
+  def setup
+    require_prerequisites
+    @app = self.class.app
+    @run = Dir.mktmpdir("run", File.dirname(@app.dir)) # stands for /run
+    File.chmod(0o711, @run)
+    @stoppable = []
+    @browser = Chromium.new(Dir.mktmpdir("downloads", @run))
+    @stoppable << @browser
+  end
+
+  def teardown
+    @stoppable&.reverse_each do |s|
+      s.is_a?(Chromium) ? s.quit : s.stop
+      warn "\n--- #{s.class} log (#{name}) ---\n#{s.log}--- end ---" if !passed? && s.respond_to?(:log)
+    end
+    FileUtils.rm_f(@app.path("config/blackbuck.rb")) if @app
+    FileUtils.rm_rf(@run) if @run
+  end
+
+  def test_directly_over_tcp
+    write_readme_config
+    port = free_port
+    cmd = DOCS.command("README.md", section: RAILS_SECTION, pattern: /RAILS_ENV=production bin\/rails server -u blackbuck -b/)
+              .sub("-b 0.0.0.0", "-b 127.0.0.1").sub(/-p \d+/, "-p #{port}")
+    start_app(cmd)
+    check_in_browser("http://127.0.0.1:#{port}")
+  end
+
+  def test_through_nginx_over_the_unix_socket_as_deploy_md_says
+    sh = DOCS.block("docs/DEPLOY.md", section: NGINX_SECTION, lang: "sh", containing: "blackbuck ").sub("/run/blackbuck", "#{@run}/blackbuck")
+    *setup_lines, command = sh.text.lines.map { |l| l.sub(/\s+#.*/, "").strip }.reject(&:empty?)
+    setup_lines.each { |l| assert system(l), "#{l} failed" }
+    start_app(Snippet.new(command, "DEPLOY.md's command"))
+    sock = "#{@run}/blackbuck/app.sock"
+    st = File.stat(sock)
+    assert_equal [0o660, Etc.getgrnam(NginxSite::USER).gid], [st.mode & 0o777, st.gid], "the socket nginx's workers may use"
+    nginx = start_deploy_nginx(sock)
+    assert_upstream_keepalive(nginx, sock)
+    check_in_browser("http://127.0.0.1:#{nginx.port}")
+    refute_match(/\[(error|crit|alert|emerg)\]/, nginx.error_log)
+  end
+
+  def test_through_haproxy_as_deploy_md_says
+    port = free_port
+    config = DOCS.block("docs/DEPLOY.md", section: HAPROXY_SECTION, lang: "ruby").sub("10.0.0.5:8080", "127.0.0.1:#{port}")
+    File.write(@app.path("config/blackbuck.rb"), config.text)
+    start_app(production_command)
+    front = free_port
+    cfg = DOCS.block("docs/DEPLOY.md", section: HAPROXY_SECTION, lang: "haproxy")
+              .sub(/^(\s*bind ):80$/, "\\1127.0.0.1:#{front}")
+              .sub(/10\.0\.0\.[56]:8080/, "127.0.0.1:#{port}") # both "hosts" are this one Blackbuck
+    haproxy = HAProxyProcess.new(cfg.text, port: front)
+    @stoppable << haproxy
+    check_in_browser("http://127.0.0.1:#{front}")
+  end
+
+  def test_rails_server_u_blackbuck_in_development
+    write_readme_config
+    port = free_port
+    # README: `bin/rails server -u blackbuck` serves localhost:3000 in development; -p: a free port
+    cmd = DOCS.command("README.md", section: RAILS_SECTION, pattern: /\Abin\/rails server -u blackbuck\s*(#|\z)/)
+    server = start_app(cmd, args: ["-p", port.to_s], env: { "RAILS_ENV" => "development" })
+    assert_includes server.listening, "http://127.0.0.1:#{port}"
+    # localhost, not 127.0.0.1: development's Action Cable accepts only Origins on localhost
+    check_in_browser("http://localhost:#{port}", load_within: nil)
+  end
+
+  # HUP re-reads config/blackbuck.rb: a TCP listener is added next to the socket and the socket's
+  # mode changes, while the browser, through nginx, keeps its page and its Action Cable subscription.
+  def test_hup_with_a_changed_listener_and_socket_mode_while_the_browser_keeps_working
+    sock = write_readme_config
+    server = start_app(production_command)
+    nginx = start_deploy_nginx(sock)
+    base = "http://127.0.0.1:#{nginx.port}"
+    @browser.visit("#{base}/demo")
+    wait_for_pings(1)
+
+    port = free_port
+    config = File.read(@app.path("config/blackbuck.rb"))
+    changed = Snippet.new(config, "README's config/blackbuck.rb").sub("unix_socket_mode 0o660", "unix_socket_mode 0o666")
+    File.write(@app.path("config/blackbuck.rb"), "#{changed}listen \"127.0.0.1:#{port}\"\n")
+    old_workers = server.ready_pids
+    log_before = server.log.size
+    server.signal(:HUP)
+    server.wait_for("the new listener after HUP") { server.log[log_before..].include?("listening on http://127.0.0.1:#{port}") }
+    server.wait_for("#{WORKERS} new workers after HUP") { (server.ready_pids - old_workers).size >= WORKERS }
+    server.wait_for("the socket's new mode") { (File.stat(sock).mode & 0o777) == 0o666 }
+    assert_equal Etc.getgrnam(NginxSite::USER).gid, File.stat(sock).gid, "the group stays"
+
+    # the open page: Action Cable comes back on a new worker and its subscription gets a broadcast again
+    wait_for_pings(2)
+    submit_note_with_turbo(base)
+    check_in_browser("http://127.0.0.1:#{port}", load_within: nil)
+    check_in_browser(base, load_within: nil)
+    refute server.process.exited?, "the master (its pid kept by the re-exec) still runs"
+  end
+
+  private
+
+  # Skips when a prerequisite is absent on a developer's machine; fails under CI, where bin/setup
+  # has installed them all.
+  def require_prerequisites
+    {
+      "Chromium (apt-get install chromium)" => Chromium.path,
+      "the suite's gem directory (BUNDLE_PATH; bin/setup installs gemfiles/browser.gemfile, rake test:browser names it)" => GeneratedApp.gems_installed?,
+      "nginx (apt-get install nginx-light)" => NginxSite.available?,
+      "HAProxy (apt-get install haproxy)" => HAProxyProcess.available?,
+      "root (nginx's `user www-data;`, a socket given to group www-data)" => Process.uid.zero?
+    }.each do |what, present|
+      next if present
+
+      flunk "missing under CI: #{what}" if ENV["CI"] == "true"
+      skip "needs #{what}"
+    end
+  end
+
+  # README's config/blackbuck.rb in the app, its socket in the stand-in for /run; returns the socket's path.
+  def write_readme_config
+    dir = "#{@run}/myapp"
+    FileUtils.mkdir_p(dir, mode: 0o755)
+    File.chmod(0o755, dir)
+    config = DOCS.block("README.md", section: RAILS_SECTION, lang: "ruby", containing: "# config/blackbuck.rb")
+                 .sub("/run/myapp/", "#{dir}/")
+    File.write(@app.path("config/blackbuck.rb"), config.text)
+    "#{dir}/blackbuck.sock"
+  end
+
+  # README: `RAILS_ENV=production bin/blackbuck -c config/blackbuck.rb`.
+  def production_command = DOCS.command("README.md", section: RAILS_SECTION, pattern: %r{bin/blackbuck -c config/blackbuck\.rb})
+
+  # Starts a command of the docs ("VAR=value ... cmd args") in the app's directory, in production
+  # unless env says otherwise; waits for its workers.
+  def start_app(snippet, args: [], env: {})
+    words = Shellwords.split(snippet.to_s)
+    vars = words.take_while { |w| w.match?(/\A\w+=/) }.to_h { |w| w.split("=", 2) }
+    cmd = words.drop(vars.size)
+    cmd[0] = @app.path("bin/blackbuck") if cmd[0] == "blackbuck" # the binstub `bundle binstubs blackbuck` made
+    workers = cmd.each_cons(2).find { |flag, _| flag == "-w" }&.last&.to_i || WORKERS
+    full_env = (env["RAILS_ENV"] == "development" ? {} : @app.production_env).merge("WEB_CONCURRENCY" => WORKERS.to_s, **vars, **env)
+    server = AppServer.new(@app, [*cmd, *args], env: full_env, workers: workers, name: "server-#{name}")
+    @stoppable << server
+    server
+  end
+
+  # DEPLOY.md's nginx site as written, its socket and port substituted.
+  def start_deploy_nginx(sock)
+    port = free_port
+    site = DOCS.block("docs/DEPLOY.md", section: NGINX_SECTION, lang: "nginx")
+               .sub("unix:/run/blackbuck/app.sock", "unix:#{sock}")
+               .sub(/^(\s*listen )80;/, "\\1127.0.0.1:#{port};")
+    nginx = NginxSite.new(site.text, port: port)
+    @stoppable << nginx
+    nginx
+  end
+
+  def free_port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
+
+  # Everything a visitor does, on base ("http://HOST:PORT"): the page and its assets (within
+  # load_within seconds when given), a broadcast over Action Cable, a send_file download, and the
+  # scaffold's form, which Turbo submits (with the CSRF token) and whose redirect it follows.
+  def check_in_browser(base, load_within: LOAD_BOUND)
+    seconds = @browser.visit("#{base}/demo")
+    assert_empty @browser.failed_requests, "every request of #{base}/demo is answered"
+    assert_operator seconds, :<, load_within, "#{base}/demo loaded in #{seconds.round(2)} s" if load_within
+    assert @browser.js("[...document.styleSheets].some(s => /\\/assets\\/application[-.][^/]*css$/.test(s.href || ''))"),
+           "the stylesheet of stylesheet_link_tag is applied"
+    assert @browser.js("!!document.querySelector('script[type=importmap]')"), "javascript_importmap_tags"
+    @browser.wait_for("Turbo and Stimulus started by the importmap") { @browser.js("!!window.Turbo && !!window.Stimulus") }
+    wait_for_pings(1)
+
+    path = @browser.download("#download")
+    assert_equal [GeneratedApp::DOWNLOAD_BYTES, @app.download_sha256], [File.size(path), Digest::SHA256.file(path).hexdigest],
+                 "send_file arrived whole"
+    FileUtils.rm_f(path)
+
+    submit_note_with_turbo(base)
+  end
+
+  # From the page at hand: the Notes index, "New note", the form filled in and submitted. Turbo
+  # (not a full page load) submits it, with the CSRF token, and follows the redirect to the new note.
+  def submit_note_with_turbo(base)
+    @browser.turbo_click("#notes")
+    assert_equal "#{base}/notes", @browser.url
+    @browser.turbo_click("a[href='/notes/new']")
+    assert @browser.page.at_css("form input[name=authenticity_token]"), "the form has its CSRF token"
+    title = "note #{SecureRandom.hex(4)}"
+    @browser.fill_in("#note_title", title)
+    @browser.fill_in("#note_body", "written in Chromium")
+    @browser.turbo_click("form [type=submit]")
+    assert_match(%r{\A#{Regexp.escape(base)}/notes/\d+\z}, @browser.url, "redirected to the new note")
+    assert_includes @browser.text("body"), "Note was successfully created."
+    assert_includes @browser.text("body"), title
+  end
+
+  # Waits until #pings has n items: broadcasts the Ping channel's subscription received.
+  def wait_for_pings(count)
+    @browser.wait_for("#{count} Action Cable broadcast(s) on #{@browser.url}", CABLE_TIMEOUT) do
+      @browser.page.css("#pings li").size >= count
+    end
+    assert_match(/\Ahello \d+ from \d+\z/, @browser.page.css("#pings li").last.text)
+  end
+
+  # Sequential requests through nginx go over one upstream connection that stays open between
+  # them: the map keeps Connection away from everything that is not a WebSocket upgrade.
+  def assert_upstream_keepalive(nginx, sock)
+    get = -> { Net::HTTP.get_response(URI("http://127.0.0.1:#{nginx.port}/up")) }
+    assert_equal "200", get.call.code
+    first = established(sock)
+    refute_empty first, "nginx keeps its upstream connection open after a request"
+    2.times { assert_equal "200", get.call.code }
+    refute_empty first & established(sock), "the next requests use the connection kept open"
+  end
+
+  # Inodes of the connected (server-side) sockets of the UNIX socket at path.
+  def established(path)
+    File.readlines("/proc/net/unix").drop(1).filter_map do |l|
+      f = l.split
+      f[6] if f[7] == path && f[5] == "03"
+    end
+  end
+end
