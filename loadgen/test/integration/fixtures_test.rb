@@ -100,8 +100,10 @@ class FixturesTest < Minitest::Test
     with_fixture(:delay, delay: 0.02) do |fx|
       r, j = run_json("-t", "1", "-c", "8", "-d", "2s", "--latency", fx.url)
       rate = j["requests_per_sec"]
-      # 8 connections / 20 ms = 400 req/s, less Ruby's own overhead per request
-      assert_operator rate, :>, 400 * 0.75, r.out
+      # 8 connections / 20 ms = 400 req/s at most (a closed model cannot beat it); how close it gets is
+      # the machine's (a CPU hog beside CI halves it), so the floor only says the 8 connections ran at
+      # once: one at a time would be 50 req/s
+      assert_operator rate, :>, 50 * 2, r.out
       assert_operator rate, :<=, 400 * 1.02, r.out
       assert_operator j["latency_us"]["percentiles"]["50"], :>=, 20_000, r.out
       assert_operator j["latency_us"]["min"], :>=, 20_000, r.out
