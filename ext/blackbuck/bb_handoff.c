@@ -34,7 +34,10 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1 /* unshare (Ruby's config.h defines it already on Linux) */
 #endif
-#include "bb_ext.h"
+#include "bb_handoff.h"
+#include "bb_conn.h"
+#include "bb_poller.h"
+#include "bb_scoreboard.h"
 
 #include <errno.h>
 #include <pthread.h>

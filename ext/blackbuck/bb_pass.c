@@ -160,3 +160,14 @@ int bb_pass_next(int sock)
     if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? BB_PASS_NEXT_NONE : -1;
     return n == (ssize_t)sizeof(magic) && magic == BB_PASS_WAKE_MAGIC ? BB_PASS_NEXT_WAKE : BB_PASS_NEXT_CONN;
 }
+
+/* The counters bb_pass_failed adds to (bb_pass_count_into); NULL: none. */
+static uint64_t *failure_counters;
+
+void bb_pass_count_into(uint64_t *counters) { __atomic_store_n(&failure_counters, counters, __ATOMIC_RELEASE); }
+
+void bb_pass_failed(int why)
+{
+    uint64_t *c = __atomic_load_n(&failure_counters, __ATOMIC_ACQUIRE);
+    if (c && why >= 0 && why < BB_HANDOFF_FAILURE_KINDS) __atomic_fetch_add(&c[why], 1, __ATOMIC_RELAXED);
+}

@@ -68,4 +68,17 @@ int bb_pass_wake(int sock);
 /* -1 with errno on failure. */
 int bb_pass_next(int sock);
 
+/* Why a move between workers did not happen (Scoreboard::HANDOFF_FAILURES names them, in this order). */
+enum bb_handoff_failure {
+    BB_HANDOFF_REFUSED = 0,   /* the receiver had too few descriptors free: it left the connection queued */
+    BB_HANDOFF_SEND_FAILED,   /* the send failed (not a full queue): the connection stayed with its worker */
+    BB_HANDOFF_LOST,          /* the kernel dropped the socket at the receiver (no descriptor free): reset */
+    BB_HANDOFF_FAILURE_KINDS
+};
+/* Where this process counts them: counters[why] (BB_HANDOFF_FAILURE_KINDS of them; the worker's own
+ * scoreboard slot, set at its reset), or NULL: not counted (the master; set back when the slot goes). */
+void bb_pass_count_into(uint64_t *counters);
+/* Counts one move that did not happen (why: enum bb_handoff_failure). Any thread: atomic adds. */
+void bb_pass_failed(int why);
+
 #endif

@@ -15,7 +15,7 @@
  * thread runs the app: bb_poller_peek and bb_poller_forget. epoll is safe to share between
  * threads; the poll(2) registry is guarded by a mutex.
  */
-#include "bb_ext.h"
+#include "bb_poller.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -12,7 +12,8 @@
  *         socket with our inode, with UDIAG_SHOW_RQLEN: for a listener UNIX_DIAG_RQLEN
  *         carries the queue length (udiag_rqueue) and the backlog (udiag_wqueue).
  */
-#include "bb_ext.h"
+#include "bb_queue.h"
+#include "bb_glue.h"
 
 #ifdef __linux__
 #include <errno.h>

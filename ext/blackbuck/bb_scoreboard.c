@@ -10,12 +10,17 @@
  * histograms follow the same rules (each bucket only grows, stored whole): they are Prometheus
  * histograms that the master sums over workers, live and exited.
  */
-#include "bb_ext.h"
+#include "bb_scoreboard.h"
+#include "bb_conn.h"
+#include "bb_pass.h"
 
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 #include <sys/mman.h>
+
+/* A slot's state, as lib/blackbuck/scoreboard.rb names them (Scoreboard::IDLE, BUSY, STOPPING). */
+enum sb_state { SB_IDLE = 0, SB_BUSY = 2, SB_STOPPING = 4 };
 
 #define SB_METHOD_MAX 16
 #define SB_PATH_MAX 240
@@ -60,15 +65,19 @@ struct scoreboard {
     long n;
 };
 
-/* A worker's own slot, from its reset on: where C code that holds no Ruby object (the hand-off
- * watcher thread, the pass glue) counts hand-off failures. NULL in the master. */
+/* A worker's own slot, from its reset on: its handoff_failures are where C code that holds no Ruby
+ * object (the hand-off watcher thread, the pass glue) counts hand-off failures (bb_pass_failed).
+ * NULL in the master. */
 static struct sb_slot *own_slot;
 
 static void sb_free(void *p)
 {
     struct scoreboard *sb = p;
     struct sb_slot *own = __atomic_load_n(&own_slot, __ATOMIC_ACQUIRE);
-    if (own >= sb->slots && own < sb->slots + sb->n) __atomic_store_n(&own_slot, NULL, __ATOMIC_RELEASE);
+    if (own >= sb->slots && own < sb->slots + sb->n) {
+        __atomic_store_n(&own_slot, NULL, __ATOMIC_RELEASE);
+        bb_pass_count_into(NULL);
+    }
     if (sb->slots) munmap(sb->slots, sizeof(struct sb_slot) * (size_t)sb->n);
     xfree(sb);
 }
@@ -160,20 +169,14 @@ static VALUE sb_reset(VALUE self, VALUE idx, VALUE pid)
     s->heartbeat_ms = now_ms();
     /* release: a reader that sees the new pid sees the zeroed count, not the predecessor's */
     __atomic_store_n(&s->pid, p, __ATOMIC_RELEASE);
-    if (p == (int32_t)getpid()) __atomic_store_n(&own_slot, s, __ATOMIC_RELEASE);
+    if (p == (int32_t)getpid()) {
+        __atomic_store_n(&own_slot, s, __ATOMIC_RELEASE);
+        bb_pass_count_into(s->handoff_failures);
+    }
     return Qnil;
 }
 
-/* One more hand-off that did not happen (why: enum bb_handoff_failure), in this worker's own slot;
- * nothing before it took one (reset). Any thread, no GVL. */
-void bb_scoreboard_handoff_failed(int why)
-{
-    struct sb_slot *s = __atomic_load_n(&own_slot, __ATOMIC_ACQUIRE);
-    if (s && why >= 0 && why < BB_HANDOFF_FAILURE_KINDS)
-        __atomic_fetch_add(&s->handoff_failures[why], 1, __ATOMIC_RELAXED);
-}
-
-/* The slot shows `method path` running since started_us (state BUSY, 2); both cut to fit. */
+/* The slot shows `method path` running since started_us (state BUSY); both cut to fit. */
 static void show_running(struct sb_slot *s, VALUE method, VALUE path, int64_t started_us)
 {
     size_t ml, pl;
@@ -189,10 +192,10 @@ static void show_running(struct sb_slot *s, VALUE method, VALUE path, int64_t st
     s->path[pl] = 0;
     s->started_us = started_us;
     s->started_ms = started_us / 1000;
-    s->state = 2;
+    s->state = SB_BUSY;
 }
 
-/* request_start(i, conn, queue_seconds): state := BUSY (2), start clock, remember what runs (the
+/* request_start(i, conn, queue_seconds): state := BUSY, start clock, remember what runs (the
  * method and path of the request conn parsed last), count how long the request waited (the queue
  * histogram). */
 VALUE bb_scoreboard_request_start(VALUE self, VALUE idx, VALUE conn, VALUE queue)
@@ -294,7 +297,7 @@ static VALUE sb_free_elsewhere(VALUE self, VALUE idx)
     TypedData_Get_Struct(self, struct scoreboard, &sb_type, sb);
     for (i = 0; i < sb->n; i++) {
         const struct sb_slot *s = &sb->slots[i];
-        if (i != me && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0 && s->state != 4 /* STOPPING */ &&
+        if (i != me && __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE) != 0 && s->state != SB_STOPPING &&
             __atomic_load_n(&s->free_threads, __ATOMIC_RELAXED) > 0)
             return Qtrue;
     }

@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
-# C tests and benchmark of the HTTP parser (ext/blackbuck/bb_http.c); see test/c/Makefile.
+# C tests of the pure C files (parsers, hand-off, output queue) and the parser's benchmark; see test/c/Makefile.
 namespace :c do
-  desc "C tests under ASan/UBSan: the parser (scalar and SSE4.2), the PROXY parser, the connection hand-off (make -C test/c test)"
+  desc "C tests under ASan/UBSan: the parser (scalar and SSE4.2), the PROXY parser, the connection hand-off, the output queue (make -C test/c test)"
   task :test do
     sh "make -C test/c test"
   end

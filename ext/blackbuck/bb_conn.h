@@ -1,0 +1,65 @@
+/*
+ * bb_conn.h - Native::Conn (bb_conn.c and the files of its concerns) as the other glue files see it:
+ * the connection states, the hand-off watcher's entry (bb_conn_pass), what the scoreboard reads, and
+ * the process-wide settings of connections (Native.configure).
+ */
+#ifndef BB_CONN_H
+#define BB_CONN_H
+
+#include "bb_glue.h"
+#include "bb_http.h"
+#include "bb_out.h"
+
+/* Ceiling for the configurable header-count limit: the parser's header array lives on the stack. */
+#define BB_HEADERS_CAP 1000
+/* A connection's read buffer starts this big and doubles up to max_header_bytes + BB_READ_CHUNK. */
+#define BB_BUF_INITIAL (8 * 1024)
+/* Bytes asked of read() at most in one call. */
+#define BB_READ_CHUNK (64 * 1024)
+/* Defaults of the response_buffer and max_response_spill settings (Config has the same). */
+#define BB_DEFAULT_RESPONSE_BUFFER (1024 * 1024)                 /* bytes queued in memory per connection */
+#define BB_DEFAULT_MAX_RESPONSE_SPILL (1024LL * 1024 * 1024)    /* bytes of spill file per connection */
+#define BB_DEFAULT_MAX_WORKER_SPILL (4LL * 1024 * 1024 * 1024)  /* bytes of all a worker's spill files */
+/* Default of write_timeout, in milliseconds (Config has the same, in seconds). */
+#define BB_DEFAULT_WRITE_TIMEOUT_MS 30000
+
+/* Process-wide settings, written once at boot from Ruby (Native.configure). */
+struct bb_settings {
+    struct bb_limits limits;
+    int write_timeout_ms; /* a blocking write waits at most this long for the client to read */
+    /* response_buffer: bytes of output a connection may queue in memory, past it spill;
+     * max_response_spill: bytes a connection's spill file may hold, past it wait (0 = never spill);
+     * max_worker_spill: bytes all spill files of this process may hold together, past it wait */
+    struct bb_out_limits out;
+    int trust_forwarded_proto;  /* X-Forwarded-Proto/-Ssl/-Scheme from a proxy set rack.url_scheme */
+};
+extern struct bb_settings bb_settings;
+
+/* Bytes in this process's response spill files now (the scoreboard publishes it). */
+int64_t bb_spill_total(void);
+
+/* Conn#state: where a connection is in its life (Native::Conn::IDLE..., Worker's names for them).
+ * Only the worker's loop thread changes it; the hand-off watcher reads it (an IDLE one may move). */
+enum bb_conn_state {
+    BB_CONN_IDLE = 0, /* keep-alive (or new), no byte of the next request yet: only these may move */
+    BB_CONN_HEAD,     /* part of a request head received */
+    BB_CONN_BODY,     /* reading the request body */
+    BB_CONN_WRITE,    /* response bytes waiting for the client */
+    BB_CONN_BUSY,     /* its request is in the app */
+    BB_CONN_LINGER    /* closing in stages: write side shut, input discarded until the client closes */
+};
+/* Hand-off (bb_handoff.c): moves fd to another worker over sock when it is a connection waiting
+ * between requests. pidfd >= 0: the caller has its own fd table and takes the socket from the
+ * worker's with pidfd_getfd. owner: the caller is the thread that owns the connection (it need not be
+ * in the poller). 1 moved, 0 not such a connection, -1 with errno. Called without the GVL by the watcher. */
+int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner);
+/* With the GVL: logs a run of failed hand-off sends once, when one began since the last move that
+ * went through (bb_conn_pass may fail on the watcher thread, which cannot log). */
+void bb_conn_pass_report(void);
+/* REQUEST_METHOD and PATH_INFO of the request a Conn parsed last (nil before its first). */
+void bb_conn_request_line(VALUE conn, VALUE *method, VALUE *path);
+
+/* Native::Conn, and Native.configure and Native.http_impl. */
+void bb_init_conn(void);
+
+#endif
