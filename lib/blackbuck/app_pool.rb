@@ -21,7 +21,8 @@ module Blackbuck
     # Response#handle answered.
     Job = Struct.new(:conn, :fd, :env, :queued, :input, :pushed_at, :started, :finished, :mode)
 
-    def initialize(worker, config, app, size)
+    # response: what each thread answers with (Response; a stand-in in unit tests).
+    def initialize(worker, config, app, size, response: Response)
       @worker = worker
       @waiting = [] # jobs no thread has started, oldest first; under @lock
       @lock = Thread::Mutex.new
@@ -34,8 +35,8 @@ module Blackbuck
       @typical = 0.0 # seconds a request runs, a moving average (#room?)
       @threads = Array.new(size) do |i|
         # no hand_over: the loop took the connection out of its poller when it pushed the request
-        response = Response.new(config, app, worker.logger, nil)
-        Thread.new { work(i, response) }
+        responder = response.new(config, app, worker.logger, nil)
+        Thread.new { work(i, responder) }
       end
     end
 
@@ -58,7 +59,12 @@ module Blackbuck
     def room?(now)
       soon = 0
       limit = now - @typical
-      @running.each { |job| soon += 1 if job.nil? || job.started > limit }
+      i = 0
+      while i < @running.size # (the loop asks after every request: no block, no allocation)
+        job = @running[i]
+        soon += 1 if job.nil? || job.started > limit
+        i += 1
+      end
       @waiting.size < soon
     end
 
@@ -85,8 +91,21 @@ module Blackbuck
 
     # The request that has run longest: [seconds it has run, method, path], or nil when none runs.
     def oldest
-      _, job = oldest_running
+      job = oldest_job
       job && [now - job.started, job.env["REQUEST_METHOD"], job.env["PATH_INFO"]]
+    end
+
+    # The Job that has run longest, or nil when none runs. The app threads may empty their slots
+    # meanwhile: each slot is read once. (The loop asks after every request: no block, no allocation.)
+    def oldest_job
+      best = nil
+      i = 0
+      while i < @running.size
+        job = @running[i]
+        best = job if job && (best.nil? || job.started < best.started)
+        i += 1
+      end
+      best
     end
 
     # The master's request-timeout notice (USR2): the request that has run longest gets

@@ -7,7 +7,7 @@ module Blackbuck
   # Turns the bytes of a connection into a complete request: head (parsed in C), then the
   # body (Content-Length or chunked, decoded in C) into memory or, past body_buffer bytes,
   # a tempfile. It never calls the worker: #advance answers what the bytes make of the
-  # request, and the worker (the connection's one owner, Worker#progress) acts on the answer.
+  # request, and the worker (the connection's one owner, Connections#progress) acts on the answer.
   class Request
     EMPTY = "".b.freeze
     MIN_RATE_GRACE = 10 # seconds a body may take before min_body_rate applies
@@ -114,7 +114,7 @@ module Blackbuck
       length = conn.content_length
       return 413 if @max_body.positive? && length > @max_body
 
-      conn.write_continue if conn.expect_continue? # Worker#progress flushes what the socket did not take
+      conn.write_continue if conn.expect_continue? # Connections#progress flushes what the socket did not take
       conn.sink = if length >= 0 && length <= @body_buffer
                     StringIO.new(String.new(capacity: length, encoding: Encoding::BINARY))
                   elsif length > @body_buffer

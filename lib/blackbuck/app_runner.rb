@@ -1,0 +1,212 @@
+# frozen_string_literal: true
+
+require_relative "errors"
+require_relative "response"
+require_relative "app_pool"
+
+module Blackbuck
+  # Who runs the app for a worker's complete requests, chosen once when the Worker is built:
+  # AppRunner::Inline (threads 1: the loop's own thread, one request at a time) or
+  # AppRunner::Threads (threads > 1: the app threads of an AppPool). The loop calls the same
+  # methods on either and never asks which it has:
+  #
+  #   start(poller)             once the poller exists (Threads: its threads and wake-up pipe)
+  #   wake_fd                   the fd whose readiness means #finished has jobs (nil: never)
+  #   run(conn, env, queued)    the app's answer (a Response mode) now, or nil: later, from #finished
+  #   finished { |conn, fd, mode| }  the requests the app threads are done with; saturated? after
+  #   busy, size, saturated?    requests in the runner / app threads / every thread has one
+  #   room?(now), oldest_waiting, typical, take_back   the queue, for Balancer
+  #   in_app?                   the app runs on the loop's thread now
+  #   stop_accepting_asked      the stop-accepting signal: act now (true), or when the app starts
+  #   time_out(limit)           the master's request-timeout notice (USR2, from the trap)
+  #   stopping!, tick, stop     the worker stops / a tick / the worker exits
+  module AppRunner
+    # threads 1: the app runs on the loop's own thread. The scoreboard's request_start/request_done
+    # go through the gate: the scoreboard, or the hand-off watcher when there is one (#handoff), which
+    # may move this worker's waiting connections while the app runs; the Balancer releases them.
+    class Inline
+      def initialize(worker, request, response, scoreboard, index)
+        @worker = worker
+        @request = request
+        @response = response
+        @gate = scoreboard
+        @index = index
+        @done_state = Native::Scoreboard::IDLE # the slot's state after a request (STOPPING once stopping)
+        @in_app = false
+        @stop_accepting_asked = false
+      end
+
+      def start(_poller) = nil
+
+      # Balancer#start: request_start/request_done through the hand-off watcher from now on.
+      def handoff(watcher, balancer)
+        @gate = watcher
+        @balancer = balancer
+      end
+
+      def wake_fd = nil
+      def busy = 0
+      def size = 1
+      def saturated? = false
+      def in_app? = @in_app
+
+      # From the trap of Worker::STOP_ACCEPTING_SIGNAL: true when the worker should close its listeners
+      # now (the app runs); else remembered for the next request's start (#run).
+      def stop_accepting_asked
+        return true if @in_app
+
+        @stop_accepting_asked = true
+        false
+      end
+
+      # Runs the app and answers how it went (Response#handle's mode).
+      def run(conn, env, queued)
+        @gate.request_start(@index, conn, queued)
+        @in_app = true
+        if @stop_accepting_asked # the signal came just before: nothing read the pipe yet
+          @stop_accepting_asked = false
+          @worker.stop_accepting_in_app
+        end
+        begin
+          @response.handle(conn, env)
+        ensure
+          @in_app = false
+          moved = @gate.request_done(@index, @done_state)
+          @balancer.release_moved(moved) if moved
+          @request.take_spilled.close! if @request.spilled
+        end
+      end
+
+      def finished = nil
+
+      # From the USR2 trap: raised in the loop's thread, inside the app.
+      def time_out(limit)
+        raise RequestTimeout, "request ran longer than #{limit}s" if @in_app
+      end
+
+      def stopping!
+        @done_state = Native::Scoreboard::STOPPING
+      end
+
+      def tick = nil
+      def stop = nil
+    end
+
+    # threads > 1: the app runs on an AppPool's threads; this thread keeps the loop. A request handed
+    # over (#run) is theirs until #finished gives it back: the worker took it out of its poller and
+    # its timeouts. The scoreboard slot shows the request that has run longest (#publish_running: the
+    # master's timeout watches it) and how many threads are free (#publish_free: other workers move
+    # their queued requests here while there are any).
+    class Threads
+      attr_reader :busy, :size
+
+      # response: what the app threads answer with (Response; a stand-in in unit tests).
+      # worker: the loop (woke_at, on_saturated, logger); conns: its Connections (unwatch).
+      def initialize(worker, conns, config, app, request, scoreboard, index, response: Response)
+        @worker = worker
+        @conns = conns
+        @response = response
+        @config = config
+        @app = app
+        @request = request
+        @scoreboard = scoreboard
+        @index = index
+        @size = config[:threads]
+        @busy = 0 # requests handed to the threads (running or queued) and not yet back
+        @stopping = false
+      end
+
+      def start(poller)
+        @pool = AppPool.new(@worker, @config, @app, @size, response: @response)
+        poller.add(@pool.wake_fd, Native::Poller::IN)
+        publish_free
+      end
+
+      def wake_fd = @pool.wake_fd
+
+      # True while every app thread has a request.
+      def saturated? = @busy >= @size
+
+      def in_app? = false
+      def stop_accepting_asked = false # the loop is never held by the app: it reads the pipe itself
+
+      # Hands the request to the threads; the answer comes back through #finished.
+      def run(conn, env, queued)
+        @conns.unwatch(conn) # (serve made it BUSY)
+        @busy += 1
+        @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, @request.take_spilled, @worker.woke_at))
+        publish_free if @busy <= @size
+        if @busy >= @size # (saturated?)
+          @worker.on_saturated
+          publish_running
+        end
+        nil
+      end
+
+      # Yields conn, fd (its number when handed over: a hijack detaches it) and mode for every request
+      # the threads are done with; answers whether every thread still has one.
+      def finished
+        @pool.each_done do |job|
+          @busy -= 1
+          job.input&.close!
+          @scoreboard.request_observed(@index, job.queued, job.finished - job.started)
+          yield job.conn, job.fd, job.mode
+        end
+        publish_running
+        publish_free
+        @busy >= @size # (saturated?)
+      end
+
+      def room?(now) = @pool.room?(now)
+      def oldest_waiting = @pool.oldest_waiting
+      def typical = @pool.typical
+
+      # Offers each queued connection no thread has started, oldest first: those for which the block
+      # returns true (it moved them) leave the runner.
+      def take_back
+        @pool.take_back do |job|
+          next false unless yield job.conn
+
+          @busy -= 1 # (only a request without a body moves: no tempfile to close)
+          true
+        end
+      end
+
+      def time_out(limit) = @pool&.time_out_oldest(limit)
+
+      def stopping!
+        @stopping = true
+        publish_free # 0: no request moves here any more
+      end
+
+      def tick = publish_running(true) # (Scoreboard#tick has just written the slot's state)
+      def stop = @pool&.stop
+
+      private
+
+      # (A request the slot shows already is not written again, unless `force`: the slot holds the same.)
+      def publish_running(force = false)
+        job = @pool.oldest_job
+        state = @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE
+        return if job.equal?(@shown_job) && state == @shown_state && !force
+
+        @shown_job = job
+        @shown_state = state
+        return @scoreboard.running(@index, state, nil, nil, nil) unless job
+
+        env = job.env
+        age = Process.clock_gettime(Process::CLOCK_MONOTONIC) - job.started
+        @scoreboard.running(@index, state, age, env["REQUEST_METHOD"], env["PATH_INFO"])
+      end
+
+      # (Only this runner writes the slot's free threads: a value it shows already is not written again.)
+      def publish_free
+        free = @stopping || @busy >= @size ? 0 : @size - @busy
+        return if free == @free_shown
+
+        @free_shown = free
+        @scoreboard.free_threads(@index, free)
+      end
+    end
+  end
+end

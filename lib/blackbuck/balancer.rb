@@ -1,0 +1,247 @@
+# frozen_string_literal: true
+
+require_relative "episode"
+
+module Blackbuck
+  # Every move of a connection between a worker and the others, and the one answer to "may this
+  # worker take one more?" (#room?). The generation's hand-off socket is one queue shared by its
+  # workers (docs/ARCHITECTURE.md, "Hand-off"); which way this worker moves its waiting requests is
+  # chosen once, from its app runner:
+  #
+  # - one app thread (AppRunner::Inline): the app holds the loop thread, so a watcher thread
+  #   (Native::Handoff) moves idle connections with a request waiting while the app runs long, and
+  #   the runner returns them through #release_moved;
+  # - app threads (AppRunner::Threads): the loop is never held by the app, so it moves them itself:
+  #   a request on an idle connection of a worker whose threads are all busy and whose queue is full
+  #   (#pass_on), and a queued request no thread has started once it has waited too long
+  #   (#move_waiting);
+  # - handoff_after 0 or no hand-off socket: nothing moves, and #room? is the connection limit and
+  #   (app threads) a free thread.
+  #
+  # Every worker takes moved connections off the socket (#adopt) while it has room.
+  class Balancer
+    QUEUE_MIN = 2 # --threads: requests a worker whose app threads are all busy queues for the next
+                  # free ones: one round (as many as it has threads), this many at least; more go to
+                  # the hand-off socket, for any worker
+
+    # The receive end's fd (the loop hands its events to #adopt_one), or nil without hand-off.
+    attr_reader :fd, :moved_in
+
+    # worker: the loop (pause_accepting, woke_at); conns: its Connections (table, [], take, drop,
+    # unwatch). socket: [send end, receive end] of the generation's hand-off pair, or nil.
+    def initialize(worker, conns, runner, config, scoreboard, logger, index, socket)
+      @worker = worker
+      @conns = conns
+      @table = conns.table # fd => Conn (its size, read without a call)
+      @stopping = false
+      @runner = runner
+      @scoreboard = scoreboard
+      @logger = logger
+      @index = index
+      @socket = socket if socket && config[:handoff_after].positive?
+      @handoff_after = config[:handoff_after]
+      @header_timeout = config[:header_timeout]
+      @max_connections = config[:max_connections]
+      @size = runner.size
+      # A full round waits here, not fewer: a request moved to the hand-off socket queues behind the
+      # other workers' too, and under an even load that made 1% wait a round longer (p99 61 ms against
+      # 51 on the 10 ms app with 2 x 5 threads and 50 clients; a queue of 2 then).
+      @queue_max = [@size, QUEUE_MIN].max
+      @moved_in = 0
+      @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
+      @polled = false
+    end
+
+    # listener_info: [env template, tcp] of each listener, for a connection moved here.
+    def start(poller, listener_info)
+      return unless @socket
+
+      @poller = poller
+      sender, receiver = @socket
+      if @size > 1
+        @pass_fd = sender.fileno
+      else
+        @watcher = Native::Handoff.new(poller, sender.fileno, @handoff_after, @scoreboard)
+        @runner.handoff(@watcher, self)
+        @watcher.start
+      end
+      @fd = receiver.fileno
+      @listener_info = listener_info
+      intake(true)
+    end
+
+    def stop
+      @watcher&.stop
+      tick
+    end
+
+    def tick
+      @scoreboard.moves(@index, moved_out, @moved_in) if @fd
+    end
+
+    def moved_out = @watcher ? @watcher.moved_out : @moved_out
+
+    # The worker stops: it takes no moved connection to queue for its threads any more (#pass_on,
+    # #adopt_while_room); what is left on the socket it still takes (#adopt_one, #take_left_over).
+    def stopping!
+      @stopping = true
+    end
+
+    # Every app thread has a request: no more from the hand-off socket. With the loop passing requests
+    # on, new connections are still accepted (a request on one moves on at once, in arrival order
+    # with the rest); without, they wait in the listen queue for a worker with a free thread.
+    def saturated
+      @pass_fd ? intake(false) : @worker.pause_accepting
+    end
+
+    # May this worker take one more connection whose request waits (moved here, or queued for its
+    # threads)? Below max_connections, and a thread free or (with hand-off) room in its queue: one
+    # round at most, and only behind threads running a request younger than a typical one.
+    def room?
+      return false if @table.size >= @max_connections
+      return !@runner.saturated? unless @pass_fd
+
+      !full?
+    end
+
+    # May it accept a new connection? With the loop passing requests on (app threads and hand-off),
+    # below max_connections is enough: a request on it that finds no room moves on at once (#pass_on),
+    # in arrival order with the rest. Otherwise only with #room?: they wait in the listen queue.
+    def accept?
+      @pass_fd ? @table.size < @max_connections : room?
+    end
+
+    # Whether the hand-off socket is in the poller (connections other workers moved are taken).
+    def intake(on)
+      return if @fd.nil? || @polled == on
+
+      on ? @poller.add(@fd, Native::Poller::EXCLUSIVE) : @poller.delete(@fd)
+      @polled = on
+    end
+
+    # The hand-off socket is readable.
+    def adopt_one
+      adopt if room?
+    end
+
+    # A thread is free again: requests moved to the hand-off socket have waited longest, so they take
+    # the room first, as many as fit.
+    def adopt_while_room
+      nil while @fd && !@stopping && room? && adopt
+    end
+
+    # A stopping worker with no connection left takes what is still on the hand-off socket, one per
+    # call, so a connection moved just before the stop is served. True when it took one.
+    def take_left_over = @fd && adopt
+
+    # Every app thread is busy and a request may wait on this idle connection (the loop thread is about
+    # to read it): one already on the hand-off socket waited longer and takes the queue's room first;
+    # then, if there is no room, this one moves on. True when it did (the connection is gone here).
+    # moved: it was just taken off the hand-off socket itself.
+    def pass_on(conn, moved)
+      return false unless @pass_fd
+
+      adopt if !moved && !@stopping && room?
+      full? && move_out(conn)
+    end
+
+    # A new connection (accepted or moved here) whose request would find no room moves on at once.
+    def pass_new(conn) = @pass_fd && full? && move_out(conn)
+
+    # Requests queued here for a thread (#room?) move on, their bytes with them, once the oldest has
+    # waited handoff_after and another worker has a free thread, so none waits behind a slow request
+    # while a worker is free; or once it has waited twice as long as a request typically runs (the
+    # threads it waits for are held by slow ones): then to the hand-off socket, where every worker's
+    # next free thread takes the oldest first.
+    def move_waiting
+      return unless @pass_fd && @runner.busy > @size # (queued here)
+
+      oldest = @runner.oldest_waiting
+      return if oldest.nil? || (waited = @worker.woke_at - oldest) < @handoff_after
+      return unless waited >= @handoff_after + @runner.typical * 2 || @scoreboard.free_elsewhere?(@index)
+
+      @runner.take_back do |conn|
+        next false unless conn.pass_request(@pass_fd)
+
+        @moved_out += 1
+        @conns.drop(conn)
+        true
+      end
+    end
+
+    # When the loop should look again at requests queued here (#move_waiting): the oldest may move
+    # handoff_after after it was queued (then every handoff_after while it still waits). t otherwise.
+    def next_look(t)
+      return t unless @pass_fd && @runner.busy > @size && (oldest = @runner.oldest_waiting) # (queued here)
+
+      [t, [oldest, @worker.woke_at].max + @handoff_after].min
+    end
+
+    # Connections the watcher moved to the hand-off socket while the app ran: another worker owns
+    # them now. Each is unregistered (the socket lives on there, and epoll forgets a socket only
+    # once every holder has closed it), its fd here closed and its Conn forgotten.
+    def release_moved(fds)
+      fds.each do |fd|
+        conn = @conns[fd]
+        next unless conn&.moved?
+
+        @poller.delete(fd)
+        @conns.drop(conn)
+      end
+    end
+
+    private
+
+    # Every thread busy and the queue holds a round already, or only threads held by slow requests.
+    def full?
+      busy = @runner.busy
+      busy >= @size + @queue_max || (busy >= @size && !@runner.room?(@worker.woke_at))
+    end
+
+    # Every app thread is busy and a request waits on this idle connection: another worker serves
+    # it (the hand-off socket; a worker takes from it only with a free thread). Not when part of it
+    # was read already, or the hand-off queue is full: then it waits here for a thread.
+    def move_out(conn)
+      return false unless conn.pass(@pass_fd)
+
+      @moved_out += 1
+      @conns.unwatch(conn)
+      @conns.drop(conn)
+      true
+    end
+
+    # A connection another worker moved here: served like a fresh one, whose request is waiting.
+    # One per loop turn, so free workers share the queue. A worker short of descriptors takes none
+    # (Conn.receive refuses, #short_of_descriptors): the kernel would drop the socket it has no
+    # descriptor for, and its client would be reset. The send end goes along for the wake-up a
+    # refusing worker passes on to the others.
+    def adopt
+      conn = Native::Conn.receive(@fd, @listener_info, @socket[0].fileno)
+      return conn if conn.nil? || conn == false
+
+      if @shortage&.on?
+        @shortage.over { |n, secs| "hand-off: taking moved connections again (#{n} refused over #{secs} s)" }
+      end
+      @moved_in += 1
+      @conns.take(conn, @header_timeout, @worker.woke_at, true)
+      conn
+    rescue Errno::EMFILE, Errno::ENFILE, Errno::ECONNABORTED => e
+      short_of_descriptors(e)
+      e.is_a?(Errno::ECONNABORTED) ? false : nil # (false: one was taken off the socket, and lost)
+    end
+
+    # Too few descriptors to take a moved connection: Conn.receive left it queued for another worker
+    # (EMFILE), or the kernel dropped it (ECONNABORTED: the table filled up after the check); both
+    # counted in the scoreboard slot (blackbuck_handoff_failures_total). This worker takes no
+    # connection of either kind (the others do) until it has room again: Worker#resume_accepting
+    # tries every tick and whenever one of its connections closes. Logged once per episode.
+    def short_of_descriptors(err)
+      (@shortage ||= Episode.new(@logger)).hit do
+        fate = err.is_a?(Errno::ECONNABORTED) ? "its client was reset" : "moved connections stay queued for the others"
+        "hand-off: #{err.message}: #{fate}; this worker takes no new or moved connection until it has room " \
+          "(open connections: #{@table.size})"
+      end
+      @worker.pause_accepting
+    end
+  end
+end

@@ -1,0 +1,367 @@
+# frozen_string_literal: true
+
+require_relative "request"
+require_relative "response"
+
+module Blackbuck
+  # A worker's connections and every change of their state (docs/ARCHITECTURE.md, "One owner, one
+  # state machine"): one method per transition, over state that lives in the C struct. The loop
+  # (Worker) hands it what the poller saw (#on_event) and what it accepted (#take); Request and
+  # Response answer what happened, the app runner runs the app, the Balancer moves connections
+  # between workers; this object decides what becomes of each connection.
+  class Connections
+    # Connection states (Conn#state; defined in C, where the hand-off watcher reads them).
+    IDLE = Native::Conn::IDLE     # keep-alive (or new), no byte of the next request yet (only these may move)
+    HEAD = Native::Conn::HEAD     # part of a request head received
+    BODY = Native::Conn::BODY     # reading the request body
+    WRITE = Native::Conn::WRITE   # response bytes waiting for the client
+    BUSY = Native::Conn::BUSY     # its request is in the app
+    LINGER = Native::Conn::LINGER # closing in stages: write side shut, input discarded until the client closes
+
+    PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn
+    LINGER_SECONDS = 2   # seconds a staged close waits for the client to close its side
+                         # (RFC 9112 9.6; see #close and Conn#shutdown_write)
+    STOP_IDLE_DRAIN = 1  # seconds a stopping worker still answers idle keep-alive connections
+                         # (with "Connection: close"), so a request racing the stop is served
+
+    SHED_HEADERS = { "content-type" => "text/plain", "retry-after" => "1" }.freeze
+    SHED_BODY = ["Service Unavailable: the server is overloaded, retry shortly\n"].freeze
+
+    IN = Native::Poller::IN
+    OUT = Native::Poller::OUT
+    ERR = Native::Poller::ERR
+
+    # fd => Conn of every connection this worker owns (the loop looks its events up here); the
+    # connections whose pipelined request waits its turn (#serve_ready).
+    attr_reader :table, :ready
+    # Mirrors of the loop's state, set by Worker when it changes: every app thread has a request;
+    # the worker accepts nothing (a closed connection may let it resume).
+    attr_writer :saturated, :paused
+
+    # worker: what the state machine asks of the loop (counted, last_request, begin_graceful_stop,
+    # resume_accepting). rewatch: a finished response's connection is out of the
+    # poller (app threads take it out while they run the app).
+    def initialize(worker, config, request, scoreboard, index, rewatch:, requests_limit: 0)
+      @worker = worker
+      @request = request
+      @scoreboard = scoreboard
+      @index = index
+      @rewatch = rewatch
+      @table = @conns = {}
+      @ready = []
+      @stopping = false
+      @saturated = false
+      @paused = false
+      @requests_limit = requests_limit
+      @limited = requests_limit.positive?
+      @started = 0 # requests started (max_requests_per_child counts them)
+      # Settings read on every request, fetched once.
+      @keepalive_timeout = config[:keepalive_timeout]
+      @stop_idle_seconds = [STOP_IDLE_DRAIN, @keepalive_timeout].min
+      @header_timeout = config[:header_timeout]
+      @body_timeout = config[:body_timeout]
+      @write_timeout = config[:write_timeout]
+      @max_queue_time = config[:max_queue_time]
+      @shed = @max_queue_time.positive?
+    end
+
+    def start(poller, runner, balancer)
+      @poller = poller
+      @runner = runner
+      @balancer = balancer
+    end
+
+    def size = @conns.size
+    def [](fd) = @conns[fd]
+
+    # A connection new to this worker (accepted, or moved here): tracked, given `seconds` for its
+    # request head, and read at once (on a busy server the request is usually there already, and a
+    # moved one's always is, in the socket or read already and carried with it); watched if it is
+    # still waiting for more. woke_at: when the loop woke (what is read arrived by then).
+    def take(conn, seconds, woke_at, moved = false)
+      fd = conn.fd
+      @conns[fd] = conn
+      conn.deadline = now + seconds
+      return if @saturated && @balancer.pass_new(conn) # no room here: it moves on at once
+
+      if moved && conn.buffered.positive?
+        progress(conn, IDLE)
+      else
+        on_readable(conn, IDLE, woke_at, moved)
+      end
+      watch(conn, IN) if !conn.closed? && !conn.polled? && @conns.key?(fd) && conn.state != BUSY
+    end
+
+    # Only tracked and watched, given `seconds` for its head: read on the loop's next turns (a
+    # stopping worker taking its listeners' queues).
+    def track(conn, seconds)
+      @conns[conn.fd] = conn
+      conn.deadline = now + seconds
+      watch(conn, IN)
+    end
+
+    # What the poller saw on a connection, woken at woke_at.
+    def on_event(conn, ev, woke_at)
+      case (state = conn.state)
+      when WRITE then flush(conn)
+      when LINGER then drop(conn) if conn.discard_input
+      else
+        if ev & OUT != 0
+          flush_interim(conn)
+          return if conn.closed?
+        end
+        on_readable(conn, state, woke_at) if ev & (IN | ERR) != 0
+      end
+    end
+
+    # A whole request (head and body) is in: run the app, answer. True when the next request is
+    # read already and may be served now (#progress).
+    def serve(conn, env)
+      queued = conn.start_app(env) # BUSY; env[QUEUE_TIME]
+      # max_requests_per_child: the request that reaches the limit begins the stop before it runs, so
+      # its response says "Connection: close" and its client is never promised one more.
+      @worker.last_request(@requests_limit) if @limited && (@started += 1) >= @requests_limit
+      return shed(conn) if @shed && queued > @max_queue_time
+      return false unless (mode = @runner.run(conn, env, queued)) # the app threads have it: #finished
+
+      @worker.counted
+      return finish_response(conn) if mode == Response::DONE
+      return answered(conn, mode) if mode == Response::WRITTEN
+
+      after_response(conn, mode)
+    end
+
+    # The app threads are done with these requests: the loop takes each connection back. Answers
+    # whether every thread still has one (AppRunner#finished).
+    def finished
+      @saturated = @runner.finished do |conn, fd, mode|
+        @worker.counted
+        if mode == Response::HIJACKED
+          untrack_fd(fd) if @conns[fd].equal?(conn) # (the app may have closed it: its number may be another's now)
+        elsif !conn.closed? && after_response(conn, mode)
+          progress(conn, IDLE)
+        end
+      end
+    end
+
+    def serve_ready
+      batch = @ready.dup
+      @ready.clear
+      batch.each { |conn| progress(conn, IDLE) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
+    end
+
+    # The client is gone (end of input, a reset, it stopped reading) or a staged close is over:
+    # close at once.
+    def drop(conn)
+      untrack_fd(conn.fd)
+      conn.close
+    end
+
+    # rack.hijack: the app takes the socket. The worker stops watching and tracking it, so a
+    # hijacked connection (a WebSocket) never counts as work in flight when the worker stops.
+    # (Called from Response's rack.hijack, before the app gets the socket. App threads hijack a
+    # connection the loop no longer watches: #finished forgets it when the job comes back.)
+    def hand_over(conn)
+      unwatch(conn)
+      untrack_fd(conn.fd)
+    end
+
+    def unwatch(conn)
+      return if conn.watched.zero?
+
+      @poller.delete(conn.fd)
+      conn.watched = 0
+    end
+
+    # The worker stops: a response from now on says "Connection: close", and idle connections are
+    # kept only until `drain_until` (a request racing the stop is served).
+    def stopping!
+      @stopping = true
+      drain_until = now + @stop_idle_seconds
+      @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
+    end
+
+    # A forced stop: every connection closes now, but an app thread's (it ends with the process).
+    def drop_all
+      @conns.values.each { |c| drop(c) unless c.state == BUSY }
+    end
+
+    # Connections past their deadline: idle ones close (in stages), half-received requests get
+    # 408, clients that stopped reading are dropped, and so are staged closes that are over.
+    def expire(t)
+      @conns.values.each do |c|
+        next if c.state == BUSY # an app thread's (--threads), not the loop's
+
+        if c.deadline <= t
+          case c.state
+          when HEAD, BODY then reject(c, 408)
+          when IDLE then close(c)
+          else drop(c)
+          end
+        elsif @request.too_slow?(c, t)
+          reject(c, 408)
+        end
+      end
+    end
+
+    private
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # moved: the connection was just taken off the hand-off socket.
+    def on_readable(conn, state, woke_at, moved = false)
+      # Every app thread is busy: a request waiting on the hand-off socket goes first, and this one
+      # may move on (Balancer#pass_on).
+      return if @saturated && state == IDLE && @balancer.pass_on(conn, moved)
+
+      r = conn.fill(woke_at)
+      return if r.nil?
+      return drop(conn) if r == 0 # (== 0: no method call on the hot path)
+
+      progress(conn, state)
+    end
+
+    # What the bytes read so far make of the request on this connection (Request#advance answers),
+    # and the state the connection goes to: the one place that moves a connection through its states
+    # as it reads, on the loop thread. Pipelined requests already read are answered in turn here (a
+    # loop, not a recursion), PIPELINE_BATCH in a row at most before other connections get a turn.
+    def progress(conn, state)
+      r = @request.advance(conn, state == BODY)
+      while r.is_a?(Hash)
+        return unless serve(conn, r)
+
+        state = IDLE
+        r = @request.advance(conn, false)
+      end
+      case r
+      when Request::HEAD
+        if state == IDLE && conn.buffered.positive?
+          conn.state = HEAD # the clock for a whole head starts with its first byte
+          conn.deadline = now + @header_timeout
+        end
+      when Request::BODY
+        conn.state = BODY # the clock restarts with every part of the body that arrives
+        conn.deadline = now + @body_timeout
+        watch(conn, IN | OUT) if conn.pending_output? # a 100 Continue the socket did not take
+      when Request::PROXY # the PROXY header is in: the clock is a fresh connection's, the request next
+        conn.deadline = now + @header_timeout
+        progress(conn, IDLE) if conn.buffered.positive?
+      when Request::PROXY_PART then nil
+      when Request::DROP then drop(conn)
+      else reject(conn, r)
+      end
+    end
+
+    # max_queue_time: a request that has already waited longer is answered 503 with Retry-After
+    # instead of running, so an overloaded server sheds what its clients (or the balancer) will
+    # retry, rather than serving answers nobody waits for any more.
+    def shed(conn)
+      @scoreboard.request_shed(@index)
+      @request.take_spilled&.close!
+      if conn.write_response(503, SHED_HEADERS, SHED_BODY, false) == Native::Conn::WRITE_FAILED
+        drop(conn)
+        return false
+      end
+
+      answered(conn)
+    end
+
+    # What Response#handle answered decides what becomes of the connection. True when the next
+    # request is read already and may be served now (#progress).
+    def after_response(conn, mode)
+      case mode
+      when Response::DONE, Response::WRITTEN then return answered(conn, mode)
+      when Response::CLOSE then close(conn)
+      when Response::DROP then drop(conn)
+      when Response::TIMED_OUT_CLOSE, Response::TIMED_OUT_DROP
+        @worker.begin_graceful_stop("a request timed out")
+        mode == Response::TIMED_OUT_CLOSE ? close(conn) : drop(conn)
+      end
+      false # HIJACKED: the app's now (#hand_over)
+    end
+
+    # The response is written (DONE) or maybe partly queued (WRITTEN): wait for the client to take
+    # the rest, or go on (true: with the next request, read already; #progress).
+    def answered(conn, mode = Response::WRITTEN)
+      return finish_response(conn) unless mode != Response::DONE && conn.pending_output?
+
+      conn.state = WRITE
+      conn.deadline = now + @write_timeout
+      watch(conn, OUT)
+      false
+    end
+
+    # The response is out: keep the connection for the next request, or close it (Conn#next_request
+    # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) not at all.
+    # True when the next request is read already and may be served now (#progress).
+    def finish_response(conn, rewatch = @rewatch)
+      # A stopping worker keeps a connection whose response promised keep-alive as long as it
+      # drains idle ones (#stopping!).
+      unless (buffered = conn.next_request(@stopping ? @stop_idle_seconds : @keepalive_timeout))
+        close(conn)
+        return false
+      end
+
+      watch(conn, IN) if rewatch
+      return false if buffered.zero?
+
+      # Pipelined requests: answer in order, but give other connections a turn now and then.
+      return true unless (conn.requests % PIPELINE_BATCH).zero?
+
+      @ready << conn
+      false
+    end
+
+    # The worker is done with a connection whose output is all sent (or that it answered with an
+    # error): a staged close. Its write side is shut, and a client that may still be sending keeps
+    # the connection, its input read and discarded, until it closes too or LINGER_SECONDS pass: a
+    # socket closed with unread input is reset by the kernel, and a reset can destroy responses the
+    # client has not read yet (RFC 9112 9.6).
+    def close(conn)
+      return drop(conn) unless conn.shutdown_write
+
+      conn.state = LINGER
+      conn.deadline = now + LINGER_SECONDS
+      watch(conn, IN)
+    end
+
+    # Answers a bad request with its status and closes the connection, so nothing the client sent
+    # after it is ever executed (in stages, so the client can read the answer).
+    def reject(conn, status)
+      answered = conn.write_error(status)
+      @request.discard(conn)
+      answered ? close(conn) : drop(conn)
+    end
+
+    # The client became writable: send more. write_timeout limits how long it may take
+    # nothing, so the deadline moves with every flush (a steady slow reader is fine).
+    def flush(conn)
+      case conn.flush
+      when Native::Conn::WRITE_DONE then progress(conn, IDLE) if finish_response(conn, true)
+      when Native::Conn::WRITE_PENDING then conn.deadline = now + @write_timeout
+      when Native::Conn::WRITE_FAILED then drop(conn)
+      end
+    end
+
+    # A queued 100 Continue went out (or the client is gone) while its body is awaited.
+    def flush_interim(conn)
+      case conn.flush
+      when Native::Conn::WRITE_DONE then watch(conn, IN)
+      when Native::Conn::WRITE_FAILED then drop(conn)
+      end
+    end
+
+    def watch(conn, mask)
+      watched = conn.watched
+      return if watched == mask
+
+      watched.zero? ? @poller.add(conn.fd, mask) : @poller.modify(conn.fd, mask)
+      conn.watched = mask
+    end
+
+    def untrack_fd(fd)
+      @conns.delete(fd)
+      @worker.resume_accepting if @paused
+    end
+  end
+end

@@ -1,0 +1,236 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "blackbuck"
+require "timeout"
+
+# The two app runners without a server, with stand-in connections, apps, scoreboard and worker:
+# AppRunner::Inline runs the app on the caller's thread between the gate's request_start and
+# request_done; AppRunner::Threads hands requests to its AppPool and gives them back through
+# #finished, keeping its busy count and the scoreboard's free threads in step.
+class AppRunnerTest < Minitest::Test
+  Native = Blackbuck::Native
+  Response = Blackbuck::Response
+  WAIT = 10 # seconds a test waits for an app thread
+
+  FakeConn = Struct.new(:fd, :watched)
+
+  # The scoreboard (or hand-off watcher) as the runners call it; request_done answers `moved`.
+  class FakeGate
+    attr_reader :calls
+    attr_accessor :moved
+
+    def initialize = @calls = []
+    def request_start(index, conn, queued) = @calls << [:start, index, conn, queued]
+
+    def request_done(index, state)
+      @calls << [:done, index, state]
+      moved
+    end
+
+    def free_threads(index, n) = @calls << [:free, index, n]
+    def running(index, state, age, method, path) = @calls << [:running, index, state, age && method, path]
+    def request_observed(index, queued, ran) = @calls << [:observed, index, queued, ran]
+    def frees = @calls.select { |c| c[0] == :free }.map(&:last)
+  end
+
+  # What the runners ask of their worker.
+  class FakeWorker
+    attr_accessor :woke_at
+    attr_reader :stopped_accepting, :unwatched, :saturations, :logger
+
+    def initialize
+      @unwatched = []
+      @stopped_accepting = 0
+      @saturations = 0
+      @woke_at = 1.0
+      @logger = Blackbuck::Logger.new(File.open(File::NULL, "w"))
+    end
+
+    def stop_accepting_in_app = @stopped_accepting += 1
+
+    def unwatch(conn) = @unwatched << conn
+    def on_saturated = @saturations += 1
+  end
+
+  # The one Request: a spilled body's tempfile the runner closes (Inline) or hands on (Threads).
+  class FakeRequest
+    attr_accessor :spilled
+
+    def take_spilled
+      s = @spilled
+      @spilled = nil
+      s
+    end
+  end
+
+  Spill = Struct.new(:closed) do
+    def close! = self.closed = true
+  end
+
+  # Response#handle's stand-in: calls the app with the env and answers the mode it returns.
+  class FakeResponse
+    def initialize(_config, app, _logger, _hand_over) = @app = app
+    def handle(conn, env) = @app.call(conn, env)
+  end
+
+  def inline(response_answer)
+    @worker = FakeWorker.new
+    @gate = FakeGate.new
+    @request = FakeRequest.new
+    response = Object.new
+    response.define_singleton_method(:handle) { |conn, env| response_answer.call(conn, env) }
+    Blackbuck::AppRunner::Inline.new(@worker, @request, response, @gate, 3)
+  end
+
+  def test_inline_runs_the_app_between_request_start_and_request_done
+    seen = nil
+    runner = inline(->(_c, env) { seen = [runner.in_app?, env]; Response::DONE })
+    conn = FakeConn.new(7, 0)
+    assert_equal Response::DONE, runner.run(conn, { "x" => 1 }, 0.25)
+    assert_equal [true, { "x" => 1 }], seen
+    refute runner.in_app?
+    assert_equal [[:start, 3, conn, 0.25], [:done, 3, Native::Scoreboard::IDLE]], @gate.calls
+    assert_nil runner.wake_fd
+    assert_equal 0, runner.busy
+    refute runner.saturated?
+  end
+
+  def test_inline_request_done_runs_even_when_the_app_raises_and_closes_a_spilled_body
+    runner = inline(->(_c, _e) { raise IOError, "boom" })
+    @request.spilled = spill = Spill.new(false)
+    @gate.moved = [11, 12]
+    balancer = Struct.new(:released) { def release_moved(fds) = released.concat(fds) }.new([])
+    runner.handoff(@gate, balancer) # the hand-off watcher is the gate now
+    assert_raises(IOError) { runner.run(FakeConn.new(7, 0), {}, 0.0) }
+    refute runner.in_app?
+    assert spill.closed
+    assert_equal [11, 12], balancer.released # the watcher moved these while the app ran
+  end
+
+  def test_inline_stopping_reports_stopping_and_a_pending_stop_accepting_is_acted_on
+    asked_in_app = nil
+    runner = inline(lambda { |_c, _e|
+      asked_in_app = runner.stop_accepting_asked
+      Response::CLOSE
+    })
+    runner.stopping!
+    refute runner.stop_accepting_asked # the app does not run: remembered for its start
+    assert_equal Response::CLOSE, runner.run(FakeConn.new(7, 0), {}, 0.0)
+    assert_equal 1, @worker.stopped_accepting
+    assert asked_in_app # while the app runs the trap acts itself
+    runner.run(FakeConn.new(7, 0), {}, 0.0)
+    assert_equal 1, @worker.stopped_accepting # once
+    assert_equal [:done, 3, Native::Scoreboard::STOPPING], @gate.calls.last
+  end
+
+  def test_inline_time_out_raises_only_inside_the_app
+    runner = inline(->(_c, _e) { runner.time_out(30) })
+    runner.time_out(30) # not in the app: nothing
+    assert_raises(Blackbuck::RequestTimeout) { runner.run(FakeConn.new(7, 0), {}, 0.0) }
+  end
+
+  def threads(size, app)
+    @worker = FakeWorker.new
+    @gate = FakeGate.new
+    @request = FakeRequest.new
+    @poller = Native::Poller.new(8)
+    runner = Blackbuck::AppRunner::Threads.new(@worker, @worker, { threads: size }, app, @request, @gate, 2,
+                                               response: FakeResponse)
+    runner.start(@poller)
+    @runners = (@runners || []) << runner
+    runner
+  end
+
+  def teardown
+    @runners&.each(&:stop)
+  end
+
+  # Waits until the wake-up pipe is readable, then collects what #finished yields.
+  def finished(runner, count)
+    done = []
+    Timeout.timeout(WAIT) do
+      while done.size < count
+        IO.select([IO.for_fd(runner.wake_fd, autoclose: false)])
+        runner.finished { |conn, fd, mode| done << [conn, fd, mode] }
+      end
+    end
+    done
+  end
+
+  def test_threads_run_the_app_off_the_loop_and_give_the_connection_back
+    runner = threads(2, ->(_conn, env) { env[:mode] })
+    conn = FakeConn.new(9, 1)
+    @request.spilled = spill = Spill.new(false)
+    assert_nil runner.run(conn, { mode: Response::WRITTEN }, 0.5) # later, through #finished
+    assert_equal [conn], @worker.unwatched
+    assert_equal [[conn, 9, Response::WRITTEN]], finished(runner, 1)
+    assert spill.closed
+    assert_equal 0, runner.busy
+    observed = @gate.calls.find { |c| c[0] == :observed }
+    assert_equal [2, 0.5], observed[1, 2]
+    assert_equal [2, 1, 2], @gate.frees # at start, after the push, after it came back
+  end
+
+  def test_threads_saturated_when_every_thread_has_a_request
+    gate = Queue.new
+    runner = threads(2, lambda { |_c, _e|
+      gate.pop
+      Response::DONE
+    })
+    runner.run(FakeConn.new(1, 1), {}, 0.0)
+    refute runner.saturated?
+    assert_equal 0, @worker.saturations
+    runner.run(FakeConn.new(2, 1), {}, 0.0)
+    assert runner.saturated?
+    assert_equal 1, @worker.saturations # the worker stops taking work
+    assert_equal 2, runner.busy
+    2.times { gate << :go }
+    assert_equal [1, 2], finished(runner, 2).map { |c, _, _| c.fd }.sort
+    refute runner.saturated?
+    assert_equal [2, 1, 0], @gate.frees[0, 3] # the push that saturated it published none free
+  end
+
+  def test_threads_take_back_a_queued_request_no_thread_started
+    gate = Queue.new
+    started = Queue.new
+    runner = threads(2, lambda { |_c, _e|
+      started << true
+      gate.pop
+      Response::DONE
+    })
+    a = FakeConn.new(1, 1)
+    b = FakeConn.new(2, 1)
+    c = FakeConn.new(3, 1)
+    [a, b, c].each { |conn| runner.run(conn, {}, 0.0) }
+    Timeout.timeout(WAIT) { 2.times { started.pop } } # both threads have theirs
+    offered = []
+    runner.take_back do |conn|
+      offered << conn
+      true
+    end
+    assert_equal [c], offered # the two running ones are the threads'
+    assert_equal 2, runner.busy
+    assert_nil runner.oldest_waiting
+    2.times { gate << :go }
+    assert_equal [1, 2], finished(runner, 2).map { |conn, _, _| conn.fd }.sort
+  end
+
+  def test_threads_stopping_publishes_no_free_thread_and_time_out_reaches_the_app
+    started = Queue.new
+    runner = threads(2, lambda { |_c, _e|
+      started << true
+      sleep WAIT
+      Response::DONE
+    })
+    runner.stopping!
+    assert_equal 0, @gate.frees.last
+    runner.run(FakeConn.new(1, 1), {}, 0.0)
+    started.pop
+    runner.time_out(0)
+    _, _, mode = finished(runner, 1).first
+    assert_equal Response::TIMED_OUT_DROP, mode
+    runner.tick
+    assert_equal [:running, 2, Native::Scoreboard::STOPPING, nil, nil], @gate.calls.last
+  end
+end

@@ -1,0 +1,305 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "blackbuck"
+
+# The connection state machine (Connections) without sockets or a server: stand-in connections
+# whose reads, parses and writes the test scripts, a stand-in Request, runner, poller and worker.
+# Each test follows one connection through its states (docs/ARCHITECTURE.md's table).
+class ConnectionsTest < Minitest::Test
+  C = Blackbuck::Connections
+  Request = Blackbuck::Request
+  Response = Blackbuck::Response
+  Conn = Blackbuck::Native::Conn
+  IN = Blackbuck::Native::Poller::IN
+  OUT = Blackbuck::Native::Poller::OUT
+  CONFIG = { keepalive_timeout: 5, header_timeout: 10, body_timeout: 20, write_timeout: 30, max_queue_time: 0 }.freeze
+
+  # A connection as C keeps it; `reads` are what each #fill returns (nil: nothing yet, 0: EOF, else
+  # bytes), `next_buffered` what #next_request answers (nil: close, else bytes of the next request).
+  class FakeConn
+    attr_accessor :fd, :state, :deadline, :watched, :buffered, :requests, :pending_output, :reads,
+                  :next_buffered, :flushes, :closed, :shut, :errors, :keepalive_seconds, :filled_at
+
+    def initialize(fd)
+      @fd = fd
+      @state = C::IDLE
+      @deadline = 0.0
+      @watched = 0
+      @buffered = 0
+      @requests = 0
+      @pending_output = false
+      @reads = [1]
+      @next_buffered = 0
+      @flushes = []
+      @closed = false
+      @shut = false
+      @errors = []
+    end
+
+    def fill(woke_at)
+      @filled_at = woke_at
+      r = @reads.shift
+      @buffered += r if r.is_a?(Integer)
+      r
+    end
+
+    def start_app(_env)
+      @state = C::BUSY
+      0.0
+    end
+
+    def next_request(seconds)
+      @keepalive_seconds = seconds
+      return nil if @next_buffered.nil?
+
+      @requests += 1
+      @state = C::IDLE
+      @buffered = @next_buffered
+    end
+
+    def polled? = !@watched.zero?
+    def closed? = @closed
+    def pending_output? = @pending_output
+    def close = @closed = true
+    def shutdown_write = @shut = true
+    def discard_input = true
+    def flush = @flushes.shift
+
+    def write_error(status)
+      @errors << status
+      true
+    end
+  end
+
+  # Request#advance's stand-in: answers from a script per connection (an env Hash: a request is in).
+  class FakeRequest
+    attr_reader :discarded
+
+    def initialize = @answers = Hash.new { |h, k| h[k] = [] }
+    def script(conn, *answers) = @answers[conn.fd].concat(answers)
+    def advance(conn, _body) = @answers[conn.fd].shift || Request::HEAD
+    def discard(conn) = (@discarded ||= []) << conn.fd
+    def too_slow?(_conn, _t) = false
+    def take_spilled = nil
+  end
+
+  class FakePoller
+    attr_reader :calls
+
+    def initialize = @calls = []
+    def add(fd, mask) = @calls << [:add, fd, mask]
+    def modify(fd, mask) = @calls << [:modify, fd, mask]
+    def delete(fd) = @calls << [:delete, fd]
+  end
+
+  # The app runner: answers `mode` now (Inline) or nil (Threads: later, through #finished).
+  class FakeRunner
+    attr_accessor :mode, :done
+    attr_reader :ran
+
+    def initialize
+      @mode = Response::DONE
+      @ran = []
+      @done = []
+    end
+
+    def run(conn, env, _queued)
+      @ran << [conn.fd, env]
+      @mode
+    end
+
+    def finished
+      @done.each { |job| yield(*job) }
+      @done = []
+      false # no thread busy any more
+    end
+  end
+
+  class FakeWorker
+    attr_reader :served, :stops, :resumed
+
+    def initialize
+      @served = 0
+      @stops = []
+      @resumed = 0
+    end
+
+    def counted = @served += 1
+    def begin_graceful_stop(why) = @stops << why
+    def resume_accepting = @resumed += 1
+    def last_request(limit) = @stops << "limit #{limit}"
+  end
+
+  def setup(rewatch: false, requests_limit: 0)
+    @worker = FakeWorker.new
+    @request = FakeRequest.new
+    @runner = FakeRunner.new
+    @poller = FakePoller.new
+    @c = C.new(@worker, CONFIG, @request, nil, 0, rewatch: rewatch, requests_limit: requests_limit)
+    @c.start(@poller, @runner, nil)
+  end
+
+  def env = { "REQUEST_METHOD" => "GET" }
+
+  def test_a_new_connection_whose_request_is_there_is_served_at_once_and_kept_idle
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @c.take(conn, 10, 42.0)
+    assert_equal [[5, env]], @runner.ran
+    assert_equal 42.0, conn.filled_at # the loop's wake-up time: the start of queue time
+    assert_equal 1, @worker.served
+    assert_equal C::IDLE, conn.state
+    assert_equal 5, conn.keepalive_seconds
+    assert_equal [[:add, 5, IN]], @poller.calls # waits for its next request
+    assert_same conn, @c[5]
+  end
+
+  def test_a_head_in_part_starts_the_head_clock
+    conn = FakeConn.new(5)
+    @c.take(conn, 10, 42.0)
+    assert_equal C::HEAD, conn.state
+    assert_in_delta Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10, conn.deadline, 1
+    assert_empty @runner.ran
+  end
+
+  def test_nothing_read_yet_waits_in_the_poller_with_its_first_deadline
+    conn = FakeConn.new(5)
+    conn.reads = [nil]
+    @c.take(conn, 3, 42.0)
+    assert_equal C::IDLE, conn.state
+    assert_in_delta Process.clock_gettime(Process::CLOCK_MONOTONIC) + 3, conn.deadline, 1
+    assert_equal [[:add, 5, IN]], @poller.calls
+  end
+
+  def test_a_body_on_its_way_starts_the_body_clock
+    conn = FakeConn.new(5)
+    @request.script(conn, Request::BODY)
+    @c.take(conn, 10, 42.0)
+    assert_equal C::BODY, conn.state
+    assert_in_delta Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20, conn.deadline, 1
+  end
+
+  def test_a_bad_request_is_answered_and_closed_in_stages
+    conn = FakeConn.new(5)
+    @request.script(conn, 400)
+    @c.take(conn, 10, 42.0)
+    assert_equal [400], conn.errors
+    assert_equal [5], @request.discarded
+    assert conn.shut
+    assert_equal C::LINGER, conn.state
+    assert_equal [[:add, 5, IN]], @poller.calls # its input read and dropped until the client closes
+    @c.on_event(conn, IN, 42.0)
+    assert conn.closed # (discard_input: the client closed)
+    assert_nil @c[5]
+  end
+
+  def test_end_of_input_drops_and_a_paused_worker_may_resume
+    conn = FakeConn.new(5)
+    conn.reads = [0]
+    @c.paused = true
+    @c.take(conn, 10, 42.0)
+    assert conn.closed
+    assert_equal 0, @c.size
+    assert_equal 1, @worker.resumed
+  end
+
+  def test_a_response_the_client_has_not_taken_waits_then_keep_alive_goes_on
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @runner.mode = Response::WRITTEN
+    conn.pending_output = true
+    @c.take(conn, 10, 42.0)
+    assert_equal C::WRITE, conn.state
+    assert_equal [[:add, 5, OUT]], @poller.calls
+    conn.flushes = [Conn::WRITE_PENDING, Conn::WRITE_DONE]
+    @c.on_event(conn, OUT, 42.0)
+    assert_equal C::WRITE, conn.state
+    @c.on_event(conn, OUT, 42.0)
+    assert_equal C::IDLE, conn.state
+    assert_equal [:modify, 5, IN], @poller.calls.last
+  end
+
+  def test_a_request_timeout_stops_the_worker_and_closes
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @runner.mode = Response::TIMED_OUT_CLOSE
+    @c.take(conn, 10, 42.0)
+    assert_equal ["a request timed out"], @worker.stops
+    assert_equal C::LINGER, conn.state
+  end
+
+  def test_pipelined_requests_are_served_in_turn_then_yield_to_others
+    conn = FakeConn.new(5)
+    conn.next_buffered = 30 # every answer finds the next request read already
+    @request.script(conn, *Array.new(C::PIPELINE_BATCH + 3) { env })
+    @c.take(conn, 10, 42.0)
+    assert_equal C::PIPELINE_BATCH, @runner.ran.size
+    assert_equal [conn], @c.ready
+    @c.serve_ready
+    assert_equal C::PIPELINE_BATCH + 3, @runner.ran.size
+  end
+
+  def test_the_app_threads_give_the_connection_back_later
+    setup(rewatch: true)
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @runner.mode = nil
+    @c.take(conn, 10, 42.0)
+    assert_equal C::BUSY, conn.state
+    assert_equal 0, @worker.served
+    assert_empty @poller.calls # not watched: the threads have it
+    @runner.done = [[conn, 5, Response::DONE]]
+    @c.finished
+    assert_equal 1, @worker.served
+    assert_equal C::IDLE, conn.state
+    assert_equal [[:add, 5, IN]], @poller.calls
+  end
+
+  def test_a_hijacked_connection_is_the_apps
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @runner.mode = nil
+    @c.take(conn, 10, 42.0)
+    @c.hand_over(conn)
+    assert_nil @c[5]
+    refute conn.closed
+  end
+
+  def test_expiry_closes_idle_rejects_half_requests_and_skips_the_apps
+    idle, head, busy = [5, 6, 7].map { |fd| FakeConn.new(fd) }
+    [idle, head, busy].each do |conn|
+      conn.reads = [nil]
+      @c.take(conn, 10, 42.0)
+    end
+    head.state = C::HEAD
+    busy.state = C::BUSY
+    [idle, head, busy].each { |conn| conn.deadline = 1.0 }
+    @c.expire(2.0)
+    assert_equal C::LINGER, idle.state
+    assert_equal [408], head.errors
+    assert_equal C::BUSY, busy.state
+  end
+
+  def test_a_stop_shortens_idle_deadlines_and_keep_alive
+    conn = FakeConn.new(5)
+    conn.reads = [nil]
+    @c.take(conn, 10, 42.0)
+    @c.stopping!
+    assert_operator conn.deadline, :<=, Process.clock_gettime(Process::CLOCK_MONOTONIC) + C::STOP_IDLE_DRAIN
+    conn.reads = [1]
+    @request.script(conn, env)
+    @c.on_event(conn, IN, 42.0)
+    assert_equal C::STOP_IDLE_DRAIN, conn.keepalive_seconds
+  end
+
+  def test_max_requests_per_child_begins_the_stop_before_the_last_request_runs
+    setup(requests_limit: 2)
+    conn = FakeConn.new(5)
+    conn.next_buffered = 30
+    @request.script(conn, env, env)
+    @c.take(conn, 10, 42.0)
+    assert_equal ["limit 2"], @worker.stops
+    assert_equal 2, @runner.ran.size
+  end
+end
