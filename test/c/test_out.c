@@ -20,32 +20,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                                              \
-    do {                                                                                                              \
-        checks++;                                                                                                     \
-        if (!(cond)) {                                                                                                \
-            failures++;                                                                                               \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                      \
-            fprintf(stderr, __VA_ARGS__);                                                                             \
-            fputc('\n', stderr);                                                                                      \
-        }                                                                                                             \
-    } while (0)
+#include "check.h"
 
 #define KIB 1024
 #define MIB (1024 * 1024)
-
-static int open_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    if (!d) return -1;
-    while ((e = readdir(d))) n += e->d_name[0] != '.';
-    closedir(d);
-    return n - 1; /* the directory's own fd */
-}
 
 /* A non-blocking socket pair with small buffers, so the sender fills at once: sv[0] sends, sv[1] reads. */
 static void small_pair(int sv[2])

@@ -18,31 +18,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failures, checks;
+#include "check.h"
+
 static char carried[256]; /* request bytes a message carries */
 static size_t carried_len;
-
-#define CHECK(cond, ...)                                                                                              \
-    do {                                                                                                              \
-        checks++;                                                                                                     \
-        if (!(cond)) {                                                                                                \
-            failures++;                                                                                               \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                                      \
-            fprintf(stderr, __VA_ARGS__);                                                                             \
-            fputc('\n', stderr);                                                                                      \
-        }                                                                                                             \
-    } while (0)
-
-static int open_fds(void)
-{
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    struct dirent *e;
-    if (!d) return -1;
-    while ((e = readdir(d))) n += e->d_name[0] != '.';
-    closedir(d);
-    return n - 1; /* the directory's own fd */
-}
 
 static void pair(int type, int sv[2])
 {
