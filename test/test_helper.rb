@@ -434,6 +434,17 @@ class ServerTest < Minitest::Test
 
   # Asserts that the server logs a line matching pattern, waiting for it: a worker may write it
   # after its answer has gone out.
+  # out (all a connection received) is one complete answer with `status` and "Connection: close",
+  # then EOF: nothing pipelined behind the request that got it was answered.
+  def assert_one_closing_answer(out, status, what)
+    assert_match(%r{\AHTTP/1\.1 #{status} }, out, "expected #{status} for #{what}, got #{out[0, 120].inspect}")
+    head, body = out.split("\r\n\r\n", 2)
+    assert_match(/\r\nConnection: close(\r\n|\z)/i, head)
+    assert_equal head[/Content-Length: (\d+)/i, 1].to_i, body.bytesize, "a complete response, then EOF"
+    assert_equal 1, out.scan(%r{HTTP/1\.1 \d{3}}).size, "nothing pipelined after it is answered"
+    head
+  end
+
   def assert_logged(server, pattern, timeout = 15)
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
     sleep 0.05 until server.log.match?(pattern) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline

@@ -133,11 +133,7 @@ class ErrorStatusTest < ServerTest
 
   def assert_rejected(data, status, transport: :tcp)
     out = raw(@server, data + FOLLOW, transport: transport)
-    assert_match(%r{\AHTTP/1\.1 #{status} }, out, "expected #{status} for #{data.inspect}, got #{out[0, 80].inspect}")
-    head, body = out.split("\r\n\r\n", 2)
-    assert_match(/\r\nConnection: close(\r\n|\z)/i, head)
-    assert_equal head[/Content-Length: (\d+)/i, 1].to_i, body.bytesize, "a complete response, then EOF"
-    assert_equal 1, out.scan(%r{HTTP/1\.1 \d{3}}).size, "nothing after the bad request may be answered"
+    assert_one_closing_answer(out, status, data.inspect)
     io = @server.tcp
     assert_equal 200, request(io, "GET", "/hello").status, "the worker serves the next client"
   ensure
