@@ -5,6 +5,7 @@ require "rbconfig"
 require_relative "version"
 require_relative "errors"
 require_relative "logger"
+require_relative "config"
 
 module Blackbuck
   # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
@@ -89,6 +90,25 @@ module Blackbuck
 
     def set(key) = ->(v) { @overrides << [key, v] }
 
+    # The option that sets key, its help text saying the setting's default where it has
+    # "%{default}": read from Config::DEFAULTS, so the help writes no default of its own
+    # (test/unit/cli_help_test.rb holds it to that).
+    def defaulted(parser, key, *switches_and_text)
+      parser.on(*switches_and_text.map { |s| s.sub("%{default}") { default_of(key) } }, &set(key))
+    end
+
+    # A setting's default as the help states it: true/false read on/off.
+    def default_of(key)
+      case (value = Config::DEFAULTS.fetch(key))
+      when true then "on"
+      when false then "off"
+      else value.to_s
+      end
+    end
+
+    # Serving files the app names is off unless X-Sendfile or an X-Accel-Redirect mapping is set.
+    def files_default = Config::DEFAULTS[:x_sendfile] || Config::DEFAULTS[:x_accel_mapping].any? ? "on" : "off"
+
     # One line on stderr, "blackbuck: message" (a message of several lines joined with " / ").
     # With --debug (or BLACKBUCK_DEBUG=1) the whole message and the backtrace of what went wrong
     # follow, as one entry whose further lines are indented.
@@ -105,7 +125,7 @@ module Blackbuck
 
     def option_parser
       OptionParser.new do |o|
-        o.banner = "Usage: blackbuck [options] [RACKUP_FILE (default: config.ru)]"
+        o.banner = "Usage: blackbuck [options] [RACKUP_FILE (default: #{default_of(:rackup)})]"
         o.separator ""
         o.separator "Commands:"
         o.separator "    blackbuck status [--json] [-c FILE] [ADDR]"
@@ -116,79 +136,89 @@ module Blackbuck
         o.separator "Listening:"
         o.on("-l", "--listen ADDR", "HOST:PORT, :PORT, PORT, [::1]:PORT, /path.sock or unix:/path.sock (repeatable)",
              &set(:listen_one))
-        o.on("-o", "--host HOST", "host to bind when no --listen is given (default 0.0.0.0)", &set(:host))
-        o.on("-p", "--port PORT", "port to bind when no --listen is given (default $PORT or 9292)", &set(:port))
+        defaulted(o, :host, "-o", "--host HOST", "host to bind when no --listen is given (default %{default})")
+        o.on("-p", "--port PORT", "port to bind when no --listen is given (default $PORT or #{Config::DEFAULT_PORT})",
+             &set(:port))
         o.on("--proxy-protocol", "every -l listener of the command line expects a PROXY protocol header (v1 or v2)",
              "from a load balancer first; only for listeners only it can reach (docs/SECURITY.md)") do
           @proxy_protocol = true
         end
-        o.on("--backlog N", "listen queue length (default 1024)", &set(:backlog))
+        defaulted(o, :backlog, "--backlog N", "listen queue length (default %{default})")
         o.on("--unix-socket-mode MODE", "file mode of UNIX sockets, e.g. 0660", &set(:unix_socket_mode))
         o.on("--unix-socket-group GROUP", "group of UNIX sockets, a name or gid (e.g. www-data for nginx)",
              &set(:unix_socket_group))
         o.separator ""
         o.separator "Processes:"
         o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count)", &set(:workers))
-        o.on("--threads N", "app threads per worker (default 1: the app never runs concurrently with itself)",
-             &set(:threads))
+        defaulted(o, :threads, "--threads N",
+                  "app threads per worker (default %{default}: the app never runs concurrently with itself)")
         o.on("--max-requests-per-child N", "recycle a worker after N requests (0 = never)", &set(:max_requests_per_child))
         o.on("--min-requests-per-child N", "each worker's limit is random in [min, max]", &set(:min_requests_per_child))
         o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced " \
-                                    "(default 60; off in development; 0 = off)", &set(:timeout))
-        o.on("--graceful-timeout SEC", "how long TERM waits for in-flight requests (default 30)", &set(:graceful_timeout))
-        o.on("--shutdown-delay SEC", "after TERM keep serving SEC seconds while GET /ready answers 503, then stop " \
-                                     "(default 0; Kubernetes)", &set(:shutdown_delay))
+                                    "(default #{Config::REQUEST_TIMEOUT}; off in development; 0 = off)", &set(:timeout))
+        defaulted(o, :graceful_timeout, "--graceful-timeout SEC",
+                  "how long TERM waits for in-flight requests (default %{default})")
+        defaulted(o, :shutdown_delay, "--shutdown-delay SEC",
+                  "after TERM keep serving SEC seconds while GET /ready answers 503, then stop " \
+                  "(default %{default}; Kubernetes)")
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
         o.on("--[no-]oob-gc-auto", "run a minor GC between requests when GC.stat says one is near", &set(:oob_gc_auto))
         o.on("--max-memory-per-child KIB", "recycle a worker whose RSS passes KIB (0 = off)", &set(:max_memory_per_child))
-        o.on("--[no-]sched-batch", "run workers under SCHED_BATCH on Linux (default on; see docs/CONFIGURATION.md)",
-             &set(:sched_batch))
-        o.on("--handoff-after SEC", "move requests waiting on a busy worker's connections to a free worker once " \
-                                    "its app has run SEC (default 0.002; 0 = never)", &set(:handoff_after))
-        o.on("--max-queue-time SEC", "answer 503 + Retry-After to a request that waited longer for the app " \
-                                     "(default 0 = off)", &set(:max_queue_time))
+        defaulted(o, :sched_batch, "--[no-]sched-batch",
+                  "run workers under SCHED_BATCH on Linux (default %{default}; see docs/CONFIGURATION.md)")
+        defaulted(o, :handoff_after, "--handoff-after SEC",
+                  "move requests waiting on a busy worker's connections to a free worker once " \
+                  "its app has run SEC (default %{default}; 0 = never)")
+        defaulted(o, :max_queue_time, "--max-queue-time SEC",
+                  "answer 503 + Retry-After to a request that waited longer for the app (default %{default} = off)")
         o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR; a bare PORT " \
                                     "is 127.0.0.1:PORT (0.0.0.0:PORT for every interface)", &set(:stats_listen))
         o.separator ""
-        o.separator "Files named by the app (off by default; see docs/SECURITY.md):"
+        o.separator "Files named by the app (#{files_default} by default; see docs/SECURITY.md):"
         o.on("--[no-]x-sendfile", "send the file a response names in X-Sendfile: /abs/path", &set(:x_sendfile))
         o.on("--x-accel-mapping PREFIX=DIR", "serve X-Accel-Redirect: PREFIX/rest from DIR/rest (repeatable)",
              &set(:x_accel_mapping))
         o.separator ""
         o.separator "Connections:"
-        o.on("--[no-]trust-forwarded-proto", "X-Forwarded-Proto/-Ssl/-Scheme: https set rack.url_scheme (default on; " \
-                                               "turn off when clients reach the server directly)", &set(:trust_forwarded_proto))
-        o.on("--[no-]keepalive", "HTTP persistent connections (default on)", &set(:keepalive))
-        o.on("--[no-]early-hints", "offer rack.early_hints: 103 responses (default off; nginx before 1.29 and many " \
-                                   "proxies cannot pass a 103 on)", &set(:early_hints))
-        o.on("--keepalive-timeout SEC", "idle keep-alive connections close after SEC (default 75)", &set(:keepalive_timeout))
-        o.on("--max-keepalive-requests N", "requests per connection (default 1000)", &set(:max_keepalive_requests))
-        o.on("--max-connections N", "open connections per worker (default 1024)", &set(:max_connections))
-        o.on("--header-timeout SEC", "time to receive a request head, else 408 (default 30)", &set(:header_timeout))
-        o.on("--body-timeout SEC", "time without request-body bytes, else 408 (default 30)", &set(:body_timeout))
-        o.on("--min-body-rate BYTES", "bytes/s a body must average after 10 s, else 408 (default 1024; 0 = off)",
-             &set(:min_body_rate))
-        o.on("--write-timeout SEC", "time a client may stop reading a response (default 30)", &set(:write_timeout))
-        o.on("--response-buffer BYTES", "response bytes a client has not taken kept in memory (default 1048576)",
-             &set(:response_buffer))
-        o.on("--max-response-spill BYTES", "more of them in a file in $TMPDIR, then wait for the client " \
-                                           "(default 1073741824; 0 = never spill)", &set(:max_response_spill))
-        o.on("--max-worker-spill BYTES", "all of one worker's spill files together (default 4294967296)",
-             &set(:max_worker_spill))
+        defaulted(o, :trust_forwarded_proto, "--[no-]trust-forwarded-proto",
+                  "X-Forwarded-Proto/-Ssl/-Scheme: https set rack.url_scheme (default %{default}; " \
+                  "turn off when clients reach the server directly)")
+        defaulted(o, :keepalive, "--[no-]keepalive", "HTTP persistent connections (default %{default})")
+        defaulted(o, :early_hints, "--[no-]early-hints",
+                  "offer rack.early_hints: 103 responses (default %{default}; nginx before 1.29 and many " \
+                  "proxies cannot pass a 103 on)")
+        defaulted(o, :keepalive_timeout, "--keepalive-timeout SEC",
+                  "idle keep-alive connections close after SEC (default %{default})")
+        defaulted(o, :max_keepalive_requests, "--max-keepalive-requests N", "requests per connection (default %{default})")
+        defaulted(o, :max_connections, "--max-connections N", "open connections per worker (default %{default})")
+        defaulted(o, :header_timeout, "--header-timeout SEC",
+                  "time to receive a request head, else 408 (default %{default})")
+        defaulted(o, :body_timeout, "--body-timeout SEC", "time without request-body bytes, else 408 (default %{default})")
+        defaulted(o, :min_body_rate, "--min-body-rate BYTES",
+                  "bytes/s a body must average after 10 s, else 408 (default %{default}; 0 = off)")
+        defaulted(o, :write_timeout, "--write-timeout SEC", "time a client may stop reading a response (default %{default})")
+        defaulted(o, :response_buffer, "--response-buffer BYTES",
+                  "response bytes a client has not taken kept in memory (default %{default})")
+        defaulted(o, :max_response_spill, "--max-response-spill BYTES",
+                  "more of them in a file in $TMPDIR, then wait for the client (default %{default}; 0 = never spill)")
+        defaulted(o, :max_worker_spill, "--max-worker-spill BYTES",
+                  "all of one worker's spill files together (default %{default})")
         o.separator ""
         o.separator "Limits:"
-        o.on("--max-request-line BYTES", "request line, else 414 (default 8192)", &set(:max_request_line))
-        o.on("--max-uri BYTES", "request target, else 414 (default 8192)", &set(:max_uri))
-        o.on("--max-headers N", "header fields, else 431 (default 100)", &set(:max_headers))
-        o.on("--max-header-bytes BYTES", "request head, else 431 (default 65536)", &set(:max_header_bytes))
-        o.on("--max-body BYTES", "request body, else 413 (default 104857600; 0 = no limit)", &set(:max_body))
-        o.on("--body-buffer BYTES", "bodies larger than this go to a tempfile (default 114688)", &set(:body_buffer))
+        defaulted(o, :max_request_line, "--max-request-line BYTES", "request line, else 414 (default %{default})")
+        defaulted(o, :max_uri, "--max-uri BYTES", "request target, else 414 (default %{default})")
+        defaulted(o, :max_headers, "--max-headers N", "header fields, else 431 (default %{default})")
+        defaulted(o, :max_header_bytes, "--max-header-bytes BYTES", "request head, else 431 (default %{default})")
+        defaulted(o, :max_body, "--max-body BYTES", "request body, else 413 (default %{default}; 0 = no limit)")
+        defaulted(o, :body_buffer, "--body-buffer BYTES", "bodies larger than this go to a tempfile (default %{default})")
         o.separator ""
         o.separator "Other:"
-        o.on("-c", "--config FILE", "Ruby config file (default config/blackbuck.rb when present; see docs/CONFIGURATION.md)") do |f|
+        o.on("-c", "--config FILE",
+             "Ruby config file (default #{Config::DEFAULT_FILE} when present; see docs/CONFIGURATION.md)") do |f|
           @config_file = f
         end
-        o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV, else $RAILS_ENV, else development)", &set(:environment))
+        o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV, else $RAILS_ENV, else #{Config::DEFAULT_ENVIRONMENT})",
+             &set(:environment))
         o.on("-P", "--pid FILE", "write the master's pid to FILE", &set(:pid))
         o.on("--log FILE", "append log lines to FILE instead of stderr (reopened on USR1)", &set(:log))
         o.on("--check", "load the config and the app, report, and exit without serving") { @check = true }

@@ -13,6 +13,8 @@ module Blackbuck
     MIB = 1024 * KIB
     MAX_THREADS = 256 # app threads per worker at most
     REQUEST_TIMEOUT = 60 # seconds: the timeout setting's default outside development
+    DEFAULT_PORT = 9292  # the port setting's default when $PORT is not set
+    DEFAULT_ENVIRONMENT = "development" # the environment setting's default without $RACK_ENV or $RAILS_ENV
 
     # One entry of the listen list: an address (as Listeners.parse reads it) and whether every
     # connection to it starts with a PROXY protocol header from a load balancer.
@@ -23,7 +25,7 @@ module Blackbuck
     DEFAULTS = {
       listen: [],                     # Listen entries; empty -> "#{host}:#{port}"
       host: "0.0.0.0",
-      port: nil,                      # nil -> $PORT, else 9292
+      port: nil,                      # nil -> $PORT, else DEFAULT_PORT
       backlog: 1024,                  # listen(2) queue length
       unix_socket_mode: nil,          # e.g. 0o660; nil keeps the umask's
       unix_socket_group: nil,         # gid (set from a group name or number); nil keeps the process's group
@@ -31,7 +33,7 @@ module Blackbuck
       threads: 1,                     # app threads per worker; 1 = the app never runs concurrently with itself
       rackup: "config.ru",
       config_file: nil,               # the config file read (-c FILE, or config/blackbuck.rb when present); not a directive
-      environment: nil,               # nil -> $RACK_ENV, else $RAILS_ENV, else "development"
+      environment: nil,               # nil -> $RACK_ENV, else $RAILS_ENV, else DEFAULT_ENVIRONMENT
       debug: false,                   # DEBUG log entries and full boot-error backtraces; also BLACKBUCK_DEBUG=1
       pid: nil,                       # pid file path
       log: nil,                       # log file path; nil -> stderr
@@ -135,9 +137,9 @@ module Blackbuck
 
     # Values derived once the sources are merged.
     def finalize!(env = ENV)
-      @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : 9292
+      @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : DEFAULT_PORT
       @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Config.cpus
-      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || "development"
+      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || DEFAULT_ENVIRONMENT
       # No request timeout in development unless one is set (as Puma): a developer at a `debugger`
       # prompt must not have the worker replaced under them.
       @values[:timeout] ||= @values[:environment] == "development" ? 0 : REQUEST_TIMEOUT

@@ -112,7 +112,7 @@ module Blackbuck
           mode = stream_each(conn, status, headers, body) { |reached| stage = reached }
         else
           mode = conn.write_response(status, headers, nil, false)
-          if mode >= Native::Conn::STREAM_CHUNKED
+          if streaming?(mode)
             stage = :sent
             mode = stream_call(conn, body, mode == Native::Conn::STREAM_CHUNKED)
           end
@@ -147,6 +147,10 @@ module Blackbuck
       end
       answer_error(conn, 500, hooks)
     end
+
+    # Conn#write_response sent (or queued) the head, and the body is the caller's to write, chunked
+    # or as it is. Each mode is named: the write modes are answers, not an ordered scale.
+    def streaming?(mode) = mode == Native::Conn::STREAM_CHUNKED || mode == Native::Conn::STREAM_RAW
 
     # A response that never has a body: Conn#write_response sends its head alone (the same rule in
     # C), and its `each` body is not iterated.
@@ -206,7 +210,7 @@ module Blackbuck
         yield :head
         mode = conn.write_response(status, headers, nil, false)
         yield :sent
-        mode >= Native::Conn::STREAM_CHUNKED
+        streaming?(mode)
       end
       yield :each
       body.each do |part|

@@ -2,11 +2,13 @@
 
 require "json"
 require "socket"
+require_relative "status_snapshot"
+require_relative "status_metrics"
 
 module Blackbuck
   # The status listener (--stats-listen ADDR), served by the master from its own loop:
-  #   GET /status   JSON: every worker's scoreboard slot, listen-queue depths, totals
-  #   GET /metrics  the same numbers in Prometheus text format
+  #   GET /status   JSON: every worker's scoreboard slot, listen-queue depths, totals (StatusSnapshot)
+  #   GET /metrics  the same numbers in Prometheus text format (StatusMetrics)
   #   GET /ready, GET /live  probes (below)
   # The master never waits for a status client: it selects on #readers and #writers (with no
   # longer a timeout than #timeout) and calls #serve, which accepts what is pending, reads and
@@ -26,7 +28,6 @@ module Blackbuck
     LOCAL_HOST = "127.0.0.1"  # the host of an address that names none (PORT, :PORT): not reachable from outside
     MARK = "blackbuck-status" # response header only this listener sends; its value is FORMAT
     FORMAT = 1                # version of the /status JSON
-    STATE_NAMES = Native::Scoreboard::NAMES
 
     # At boot, the status listener's address cannot be bound: a boot error that says it is the status
     # listener's, and where its address was set (origin: "stats_listen in FILE", "--stats-listen";
@@ -54,7 +55,8 @@ module Blackbuck
     # crowd out probes.
     # inherited: the listener a HUP re-exec handed over (Reexec.status_listener), kept when it is
     # still the one addr names, so probes are queued across a reload, never refused.
-    def self.start(addr, supervisor:, scoreboard:, listeners:, logger:, backlog: BACKLOG, inherited: nil)
+    # snapshot: the StatusSnapshot its pages show.
+    def self.start(addr, supervisor:, snapshot:, logger:, backlog: BACKLOG, inherited: nil)
       listener = inherited if inherited && same_address?(inherited, addr)
       unless listener
         begin
@@ -70,7 +72,7 @@ module Blackbuck
       Native.defer_accept(listener.fd, 0) if listener.tcp?
       listener.io.fcntl(Fcntl::F_SETFL, listener.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
       logger.info("status listening on #{listener.name}#{' (kept across the reload)' if listener.equal?(inherited)}")
-      new(listener: listener, supervisor: supervisor, scoreboard: scoreboard, listeners: listeners)
+      new(listener: listener, supervisor: supervisor, snapshot: snapshot)
     end
 
     def self.same_address?(listener, addr)
@@ -79,11 +81,11 @@ module Blackbuck
       false
     end
 
-    def initialize(listener:, supervisor:, scoreboard:, listeners:)
+    # supervisor: asked whether the server is ready (GET /ready) and serving.
+    def initialize(listener:, supervisor:, snapshot:)
       @listener = listener
       @supervisor = supervisor
-      @scoreboard = scoreboard
-      @listeners = listeners
+      @snapshot = snapshot
       @clients = {} # io => Client, oldest first
       @accept_paused_until = nil
     end
@@ -140,161 +142,7 @@ module Blackbuck
       io.close unless io.closed?
     end
 
-    # The whole status as one Hash (the JSON body of GET /status). A worker's "requests" are its
-    # own (0 again when it is replaced); "slots" and totals.requests count every request the
-    # master's workers served, those that have exited included (RequestCounts).
-    def snapshot
-      workers = @supervisor.children.values.sort_by(&:index).map { |c| worker_entry(c) }
-      counts = @supervisor.request_counts
-      slots = counts.per_slot(workers.to_h { |w| [w["index"], w["requests"]] })
-      live = workers.reject { |w| w["state"] == "starting" }.map { |w| w["index"] }
-      recent, seconds = counts.recent(live)
-      totals = counts.totals(live)
-      listeners = @listeners.map do |l|
-        queued, backlog = (l.io.closed? ? nil : Native.listen_queue(l.fd))
-        { "name" => l.name, "queued" => queued, "backlog" => backlog }
-      end
-      {
-        "pid" => Process.pid,
-        "version" => VERSION,
-        "workers" => workers,
-        "listeners" => listeners,
-        "slots" => slots.map { |index, requests| { "index" => index, "requests" => requests } },
-        "totals" => {
-          "workers" => workers.size,
-          "busy" => workers.count { |w| w["state"] == "busy" },
-          "idle" => workers.count { |w| w["state"] == "idle" },
-          "requests" => slots.values.sum,
-          "connections" => workers.sum { |w| w["connections"] },
-          "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
-          "queued" => listeners.sum { |l| l["queued"] || 0 },
-          "shed" => totals.shed,
-          "moved" => totals.moved_out,
-          "handoff_failures" => totals.handoff_failures_by_reason # RequestCounts::HANDOFF_FAILURES
-        },
-        # The last RequestCounts::WINDOW seconds (less while the master is younger): seconds from a
-        # request's arrival (or its X-Request-Start) to the app's start, and seconds in the app.
-        "recent" => {
-          "seconds" => seconds&.round(1),
-          "requests" => recent.duration.count,
-          "queue_time" => percentiles(recent.queue),
-          "duration" => percentiles(recent.duration),
-          "shed" => recent.shed,
-          "moved" => recent.moved_out
-        }
-      }
-    end
-
-    # The whole-run histograms (every worker this master ran), for /metrics.
-    def histograms(snap)
-      live = snap["workers"].reject { |w| w["state"] == "starting" }.map { |w| w["index"] }
-      @supervisor.request_counts.totals(live)
-    end
-
-    # Prometheus text exposition format (version 0.0.4).
-    def metrics(snap = snapshot)
-      out = +""
-      family = lambda do |name, type, help, samples|
-        out << "# HELP #{name} #{help}\n# TYPE #{name} #{type}\n"
-        samples.each { |labels, value| out << "#{name}#{labels_text(labels)} #{value}\n" }
-      end
-      t = snap["totals"]
-      family.call("blackbuck_workers", "gauge", "Worker processes.", [[{}, t["workers"]]])
-      family.call("blackbuck_workers_busy", "gauge", "Workers running a request in the app.", [[{}, t["busy"]]])
-      # A counter never decreases: per worker slot, what its exited workers served plus its live one.
-      family.call("blackbuck_requests_total", "counter",
-                  "Requests served since the master started, per worker slot (replaced workers included).",
-                  snap["slots"].map { |s| [{ "worker" => s["index"] }, s["requests"]] })
-      family.call("blackbuck_connections", "gauge", "Open client connections.", [[{}, t["connections"]]])
-      family.call("blackbuck_spill_bytes", "gauge", "Bytes of responses clients have not taken, queued in spill files.",
-                  snap["workers"].map { |w| [{ "worker" => w["index"] }, w["spill_bytes"]] })
-      known = snap["listeners"].reject { |l| l["queued"].nil? }
-      family.call("blackbuck_listen_queue", "gauge", "Connections waiting in a listener's accept queue.",
-                  known.map { |l| [{ "listener" => l["name"] }, l["queued"]] })
-      family.call("blackbuck_listen_backlog", "gauge", "Accept-queue limit of a listener.",
-                  known.map { |l| [{ "listener" => l["name"] }, l["backlog"]] })
-      totals = histograms(snap)
-      histogram(out, "blackbuck_request_queue_seconds",
-                "Seconds from a request's arrival (or its X-Request-Start) to the app's start.", totals.queue)
-      histogram(out, "blackbuck_request_duration_seconds", "Seconds a request spent in the app and writing its answer.",
-                totals.duration)
-      family.call("blackbuck_requests_shed_total", "counter",
-                  "Requests answered 503 because they had waited longer than max_queue_time.", [[{}, totals.shed]])
-      family.call("blackbuck_connections_moved_total", "counter",
-                  "Connections whose waiting request moved to a free worker while their own ran the app long.",
-                  [[{}, totals.moved_out]])
-      family.call("blackbuck_handoff_failures_total", "counter",
-                  "Moves of a connection between workers that did not happen: refused (the receiving worker had " \
-                  "too few descriptors free; it stayed queued for another), send (the sender kept it), lost " \
-                  "(the kernel dropped its descriptor at the receiver; the client was reset).",
-                  totals.handoff_failures_by_reason.map { |why, n| [{ "reason" => why }, n] })
-      started = snap["workers"].reject { |w| w["state"] == "starting" }
-      family.call("blackbuck_worker_queue_seconds", "summary",
-                  "Seconds a worker's requests waited for its app (arrival to app start), over its life.",
-                  started.flat_map do |w|
-                    w["queue_time"].filter_map do |q, v|
-                      [{ "worker" => w["index"], "quantile" => QUANTILE_LABELS.fetch(q) }, v] if v
-                    end
-                  end)
-      out
-    end
-
     private
-
-    QUANTILE_LABELS = { "p50" => "0.5", "p99" => "0.99" }.freeze
-
-    def percentiles(hist)
-      { "p50" => hist.quantile(0.5)&.round(6), "p99" => hist.quantile(0.99)&.round(6) }
-    end
-
-    # A Prometheus histogram: cumulative buckets, +Inf, sum and count.
-    def histogram(out, name, help, hist)
-      out << "# HELP #{name} #{help}\n# TYPE #{name} histogram\n"
-      cumulative = 0
-      hist.counts.each_with_index do |n, i|
-        cumulative += n
-        le = i < RequestCounts::BOUNDS.size ? RequestCounts::BOUNDS[i].to_s : "+Inf"
-        out << %(#{name}_bucket{le="#{le}"} #{cumulative}\n)
-      end
-      out << "#{name}_sum #{hist.sum.round(6)}\n#{name}_count #{cumulative}\n"
-    end
-
-    def worker_entry(child)
-      pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path, spill = @scoreboard.read(child.index)
-      started = pid == child.pid # the slot is the fork's until the worker resets it
-      own = started ? @supervisor.request_counts.slot_totals(child.index) : RequestCounts::Totals.empty
-      {
-        "index" => child.index,
-        "pid" => child.pid,
-        "state" => started ? state_name(state, running_ms) : "starting",
-        "requests" => started ? requests : 0,
-        "connections" => started ? connections : 0,
-        "spill_bytes" => started ? spill : 0,
-        "running_ms" => started ? running_ms : 0,
-        "method" => started && running_ms.positive? ? method : nil,
-        "path" => started && running_ms.positive? ? path : nil,
-        "heartbeat_age_ms" => started ? heartbeat_age_ms : nil,
-        # Since the worker started: its requests' wait from arrival to the app's start, and the
-        # connections it moved to other workers (Native::Handoff) or took from them.
-        "queue_time" => percentiles(own.queue),
-        "moved_out" => own.moved_out,
-        "moved_in" => own.moved_in
-      }
-    end
-
-    # A slot is read without a lock: "busy" needs the request clock running too, so a read
-    # in the middle of request_done does not count a finished request as running.
-    def state_name(state, running_ms)
-      return "idle" if state == Native::Scoreboard::BUSY && !running_ms.positive?
-
-      STATE_NAMES.fetch(state, "unknown")
-    end
-
-    def labels_text(labels)
-      return "" if labels.empty?
-
-      "{#{labels.map { |k, v| %(#{k}="#{v.to_s.gsub(/[\\"\n]/, '\\' => '\\\\', '"' => '\\"', "\n" => '\\n')}") }.join(',')}}"
-    end
 
     # At most ACCEPT_PER_SERVE pending connections; each is read at once (a probe's request is
     # usually there already). Out of descriptors, the oldest connection makes room; with none to
@@ -392,9 +240,11 @@ module Blackbuck
       if method != "GET" && method != "HEAD"
         response(405, "text/plain", "method not allowed\n", head: false)
       elsif path == "/status"
-        response(200, "application/json", "#{JSON.generate(snapshot)}\n", head: head)
+        response(200, "application/json", "#{JSON.generate(@snapshot.take)}\n", head: head)
       elsif path == "/metrics"
-        response(200, "text/plain; version=0.0.4; charset=utf-8", metrics, head: head)
+        snap = @snapshot.take
+        response(200, "text/plain; version=0.0.4; charset=utf-8", StatusMetrics.text(snap, @snapshot.histograms(snap)),
+                 head: head)
       elsif path == "/ready" # readiness: 503 until a worker serves, and from the moment a stop (or TERM's shutdown_delay) begins
         ready = @supervisor.ready?
         why = @supervisor.serving? ? "stopping\n" : "starting\n"

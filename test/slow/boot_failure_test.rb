@@ -4,7 +4,7 @@ require_relative "../test_helper"
 
 # Issue 22: workers that can never boot (an after_fork that raises) were replaced every second for
 # ever while clients waited in the listen queue. Now each replacement waits twice as long as the last
-# (Supervisor::RESPAWN_BACKOFF up to RESPAWN_BACKOFF_MAX), and after Supervisor::BOOT_ATTEMPTS (10)
+# (Respawn::BACKOFF up to BACKOFF_MAX), and after Respawn::BOOT_ATTEMPTS (10)
 # workers in a row exit before they are ready, the master stops and exits 1 with one line saying
 # why. A worker that boots resets the count; one that dies after it was ready never counts.
 class BootFailureTest < ServerTest

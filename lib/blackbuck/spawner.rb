@@ -1,0 +1,113 @@
+# frozen_string_literal: true
+
+require "socket"
+require_relative "children"
+require_relative "worker"
+
+module Blackbuck
+  # Forks a worker for a scoreboard slot and runs it there: the master's traps undone, SCHED_BATCH,
+  # after_fork, then Worker#run until the worker is done, and exit! (nothing of the master's at-exit
+  # code runs in a worker). A worker that fails says why on a pipe, one line, which the master reads
+  # when it reaps it (#crash_reason): the log line of a worker that cannot boot names the cause.
+  class Spawner
+    # server: what the hooks get as their first argument (the Supervisor); traps: the signals the
+    # master traps, set back to their defaults in the worker.
+    def initialize(server:, config:, app:, listeners:, scoreboard:, logger:, traps:)
+      @server = server
+      @config = config
+      @app = app
+      @listeners = listeners
+      @scoreboard = scoreboard
+      @logger = logger
+      @traps = traps
+      # Why a worker crashed, from the worker (one line each: "PID REASON"), for the master's log
+      # line when workers cannot boot.
+      @crash_r, @crash_w = IO.pipe
+      @crashes = {} # pid => reason, until that worker is reaped
+      # Connections move between this master's workers over it (Native::Handoff, handoff_after).
+      # Made once per generation, so a HUP re-exec's workers never take the old ones' (close-on-exec).
+      @handoff = config[:handoff_after].positive? ? Socket.pair(:UNIX, :SEQPACKET) : nil
+    end
+
+    # In the master: forks the worker of slot index and returns its Children::Child. The block runs
+    # first in the new process: it closes what the master holds that a worker must not (its
+    # wake-up pipe, the status listener, the other workers' control pipes).
+    def spawn(index)
+      control_r, control_w = IO.pipe
+      @config[:before_fork]&.call(@server, index)
+      pid = fork do
+        control_w.close
+        @crash_r.close
+        yield
+        run_worker(index, control_r)
+      end
+      control_r.close
+      Children::Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), false)
+    end
+
+    # In the master, once pid is reaped: why it crashed (what it wrote before it died), or nil.
+    def crash_reason(pid)
+      while (data = @crash_r.read_nonblock(65_536, exception: false)).is_a?(String)
+        data.each_line do |line|
+          crashed, reason = line.chomp.split(" ", 2)
+          @crashes[crashed.to_i] = reason if reason
+        end
+      end
+      @crashes.delete(pid)
+    end
+
+    private
+
+    def run_worker(index, control)
+      @traps.each { |sig| trap(sig, "DEFAULT") }
+      batch_scheduling if @config[:sched_batch] # before the hook, so threads it starts inherit it
+      hook = "after_fork"
+      @config[:after_fork]&.call(@server, index)
+      hook = nil
+      Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
+                 scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit, handoff: @handoff).run
+      flush_std
+      exit!(0)
+    rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
+      @logger.exception("worker #{index} crashed", e)
+      tell_crash("#{hook || 'the worker'} raised #{e.class}: #{e.message.lines.first&.chomp}")
+      flush_std
+      exit!(1)
+    end
+
+    # exit! skips Ruby's at-exit flush: what the app logged to $stdout or $stderr (Rails in
+    # production logs to STDOUT) would be lost with the worker.
+    def flush_std
+      [$stdout, $stderr, STDOUT, STDERR].uniq.each do |io|
+        io.flush
+      rescue IOError, SystemCallError
+        nil
+      end
+    end
+
+    # In a crashing worker: why, for the master (#crash_reason); one line, written at once or not at all.
+    def tell_crash(reason)
+      @crash_w.write_nonblock("#{Process.pid} #{reason.byteslice(0, 1000).scrub.tr("\n", ' ')}\n", exception: false)
+    rescue IOError, SystemCallError
+      nil
+    end
+
+    # sched_batch: the worker is a batch task (see Native.sched_batch). Where the kernel refuses
+    # (a seccomp profile, say) the worker says so and runs as a normal task.
+    def batch_scheduling
+      Native.sched_batch
+    rescue SystemCallError => e
+      @logger.warn("worker #{Process.pid} cannot use SCHED_BATCH (#{e.message}); running as a normal task")
+    end
+
+    # Each worker recycles after a number of requests drawn from [min, max], so they do not
+    # all restart at once.
+    def requests_limit
+      max = @config[:max_requests_per_child]
+      return 0 unless max.positive?
+
+      min = @config[:min_requests_per_child] || max
+      rand(min..max)
+    end
+  end
+end

@@ -1,0 +1,109 @@
+# frozen_string_literal: true
+
+require_relative "version"
+require_relative "request_counts"
+
+module Blackbuck
+  # The numbers the status listener answers with, read when asked: every worker's scoreboard slot,
+  # the listen queues, the requests served per slot and in total (RequestCounts), as one Hash (the
+  # JSON body of GET /status; StatusMetrics renders the same Hash for GET /metrics). It reads and
+  # never changes anything: a status client cannot disturb the master.
+  class StatusSnapshot
+    STATE_NAMES = Native::Scoreboard::NAMES
+
+    # children: the master's Children; listeners: its Listeners (their accept queues).
+    def initialize(children:, request_counts:, scoreboard:, listeners:)
+      @children = children
+      @request_counts = request_counts
+      @scoreboard = scoreboard
+      @listeners = listeners
+    end
+
+    # The whole status as one Hash. A worker's "requests" are its own (0 again when it is
+    # replaced); "slots" and totals.requests count every request the master's workers served,
+    # those that have exited included (RequestCounts).
+    def take
+      workers = @children.sort_by(&:index).map { |c| worker_entry(c) }
+      slots = @request_counts.per_slot(workers.to_h { |w| [w["index"], w["requests"]] })
+      live = started(workers)
+      recent, seconds = @request_counts.recent(live)
+      totals = @request_counts.totals(live)
+      listeners = @listeners.map do |l|
+        queued, backlog = (l.io.closed? ? nil : Native.listen_queue(l.fd))
+        { "name" => l.name, "queued" => queued, "backlog" => backlog }
+      end
+      {
+        "pid" => Process.pid,
+        "version" => VERSION,
+        "workers" => workers,
+        "listeners" => listeners,
+        "slots" => slots.map { |index, requests| { "index" => index, "requests" => requests } },
+        "totals" => {
+          "workers" => workers.size,
+          "busy" => workers.count { |w| w["state"] == "busy" },
+          "idle" => workers.count { |w| w["state"] == "idle" },
+          "requests" => slots.values.sum,
+          "connections" => workers.sum { |w| w["connections"] },
+          "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
+          "queued" => listeners.sum { |l| l["queued"] || 0 },
+          "shed" => totals.shed,
+          "moved" => totals.moved_out,
+          "handoff_failures" => totals.handoff_failures_by_reason # RequestCounts::HANDOFF_FAILURES
+        },
+        # The last RequestCounts::WINDOW seconds (less while the master is younger): seconds from a
+        # request's arrival (or its X-Request-Start) to the app's start, and seconds in the app.
+        "recent" => {
+          "seconds" => seconds&.round(1),
+          "requests" => recent.duration.count,
+          "queue_time" => percentiles(recent.queue),
+          "duration" => percentiles(recent.duration),
+          "shed" => recent.shed,
+          "moved" => recent.moved_out
+        }
+      }
+    end
+
+    # The whole-run histograms (every worker this master ran) of the workers in snap, for /metrics.
+    def histograms(snap) = @request_counts.totals(started(snap["workers"]))
+
+    private
+
+    # The slots of the workers in the snapshot that have started (their numbers are live).
+    def started(workers) = workers.reject { |w| w["state"] == "starting" }.map { |w| w["index"] }
+
+    def percentiles(hist)
+      { "p50" => hist.quantile(0.5)&.round(6), "p99" => hist.quantile(0.99)&.round(6) }
+    end
+
+    def worker_entry(child)
+      pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path, spill = @scoreboard.read(child.index)
+      started = pid == child.pid # the slot is the fork's until the worker resets it
+      own = started ? @request_counts.slot_totals(child.index) : RequestCounts::Totals.empty
+      {
+        "index" => child.index,
+        "pid" => child.pid,
+        "state" => started ? state_name(state, running_ms) : "starting",
+        "requests" => started ? requests : 0,
+        "connections" => started ? connections : 0,
+        "spill_bytes" => started ? spill : 0,
+        "running_ms" => started ? running_ms : 0,
+        "method" => started && running_ms.positive? ? method : nil,
+        "path" => started && running_ms.positive? ? path : nil,
+        "heartbeat_age_ms" => started ? heartbeat_age_ms : nil,
+        # Since the worker started: its requests' wait from arrival to the app's start, and the
+        # connections it moved to other workers (Native::Handoff) or took from them.
+        "queue_time" => percentiles(own.queue),
+        "moved_out" => own.moved_out,
+        "moved_in" => own.moved_in
+      }
+    end
+
+    # A slot is read without a lock: "busy" needs the request clock running too, so a read
+    # in the middle of request_done does not count a finished request as running.
+    def state_name(state, running_ms)
+      return "idle" if state == Native::Scoreboard::BUSY && !running_ms.positive?
+
+      STATE_NAMES.fetch(state, "unknown")
+    end
+  end
+end
