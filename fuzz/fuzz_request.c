@@ -192,8 +192,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!buf) return 0;
     memcpy(buf, data, size);
 
-    struct bb_limits lim;
-    bb_limits_default(&lim);
+    /* a server with default settings (lib/blackbuck/config.rb; the parser has no defaults of its own) */
+    struct bb_limits lim = { .max_request_line = 8 * 1024, .max_uri = 8 * 1024, .max_headers = CAP,
+                             .max_header_bytes = 64 * 1024 };
     check_profile(buf, size, &lim, CAP, have_simd);
 
     struct bb_limits small = { .max_request_line = 64, .max_uri = 32, .max_headers = 8,

@@ -20,6 +20,7 @@
  *   write_error(status)
  *   shutdown_write -> true (linger: discard_input until EOF) | false (close now); close; detach (hijack)
  *   Conn.receive(sock, listeners) -> a connection another worker moved here (bb_handoff.c), or nil
+ *   pass(sock), pass_request(sock) -> moved to another worker (bb_conn_table.c)
  *
  * Output the client does not take at once is queued, in order: in memory up to response_buffer
  * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
@@ -56,6 +57,14 @@ struct bb_spill_pool bb_spill_pool;
 #define BB_BUF_POOL 64
 static char *buf_pool[BB_BUF_POOL];
 static int buf_pool_n;
+
+/* A connection is made only once Native.configure has given the settings (bb_settings): checked
+ * here, once per connection (accept, receive), so no method of a Conn checks again. */
+static void require_settings(void)
+{
+    if (!bb_settings.configured)
+        rb_raise(rb_eRuntimeError, "Blackbuck::Native.configure must be called first (with Blackbuck::Config#values)");
+}
 
 static void set_peer(struct conn *c, VALUE addr)
 {
@@ -116,7 +125,7 @@ const rb_data_type_t bb_conn_type = {
     .flags = RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
-VALUE bb_conn_alloc(VALUE klass)
+static VALUE conn_alloc(VALUE klass)
 {
     struct conn *c;
     VALUE obj = TypedData_Make_Struct(klass, struct conn, &bb_conn_type, c);
@@ -126,7 +135,7 @@ VALUE bb_conn_alloc(VALUE klass)
     return obj;
 }
 
-void bb_conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, int proxy, int listener)
+static void conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, int proxy, int listener)
 {
     Check_Type(tmpl, T_HASH);
     c->buf = buf_get(&c->cap);
@@ -152,10 +161,11 @@ static VALUE conn_s_accept(int argc, VALUE *argv, VALUE klass)
     VALUE lfd, tmpl, tcp, proxy, index, addr = Qnil, obj;
     int fd;
     rb_scan_args(argc, argv, "32", &lfd, &tmpl, &tcp, &proxy, &index);
+    require_settings();
     fd = bb_accept(NUM2INT(lfd), RTEST(tcp), &addr);
     if (fd < 0) return Qnil;
-    obj = bb_conn_alloc(klass);
-    bb_conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp), RTEST(proxy), NIL_P(index) ? 0 : NUM2INT(index));
+    obj = conn_alloc(klass);
+    conn_setup(get_conn(obj), fd, addr, tmpl, RTEST(tcp), RTEST(proxy), NIL_P(index) ? 0 : NUM2INT(index));
     return obj;
 }
 
@@ -311,7 +321,7 @@ static VALUE conn_discard_input(VALUE self)
 }
 
 /* close: at once (the client is gone, or a staged close is over). */
-VALUE bb_conn_close(VALUE self)
+static VALUE conn_close(VALUE self)
 {
     struct conn *c = get_conn(self);
     if (c->fd < 0) return Qnil;
@@ -326,19 +336,77 @@ VALUE bb_conn_close(VALUE self)
     return Qnil;
 }
 
-/* detach -> fd: hands the socket over (rack.hijack); the Conn no longer closes it. Output still
- * queued (a 103, the head of a partial hijack) goes first, since the app writes to the socket
- * itself: this waits for the client, at most write_timeout while it takes nothing, and shuts the
- * socket down if it does not, so the app's bytes cannot follow a truncated head. */
-static VALUE conn_detach(VALUE self)
+/*
+ * Conn.receive(sock_fd, listeners, wake_fd = nil) -> a connection another worker moved here, nil
+ * when none is queued, or false for a message that could not be used (its socket is closed).
+ * listeners: for each listener index, [env_template, tcp]. wake_fd: the hand-off socket's send end.
+ * Raises as bb_conn_take says (bb_conn_table.c) when this worker has no descriptor to spare or the
+ * kernel dropped the connection.
+ */
+static VALUE conn_s_receive(int argc, VALUE *argv, VALUE klass)
+{
+    static char carried[BB_PASS_BYTES_MAX]; /* the loop thread's alone */
+    size_t carried_len;
+    struct bb_pass p;
+    VALUE sock, listeners, wake, entry, addr, obj;
+    struct conn *c;
+    int fd;
+    rb_scan_args(argc, argv, "21", &sock, &listeners, &wake);
+    require_settings();
+    fd = bb_conn_take(NUM2INT(sock), NIL_P(wake) ? -1 : NUM2INT(wake), &p, carried, sizeof(carried), &carried_len);
+    if (fd == BB_TAKE_NONE) return Qnil;
+    if (fd == BB_TAKE_UNUSABLE) return Qfalse;
+    Check_Type(listeners, T_ARRAY);
+    entry = p.listener < (uint32_t)RARRAY_LEN(listeners) ? RARRAY_AREF(listeners, p.listener) : Qnil;
+    if (!RB_TYPE_P(entry, T_ARRAY) || RARRAY_LEN(entry) < 2) {
+        close(fd);
+        return Qfalse;
+    }
+    addr = p.addr[0] ? bb_fstring(p.addr, (long)strlen(p.addr)) : Qnil;
+    obj = conn_alloc(klass);
+    c = get_conn(obj);
+    conn_setup(c, fd, addr, RARRAY_AREF(entry, 0), RTEST(RARRAY_AREF(entry, 1)), 0, (int)p.listener);
+    c->requests = (long)p.requests;
+    c->moved_ready = p.ready_at;
+    if (carried_len > 0) { /* a request the sender had read: parse it first (Conn#buffered says so) */
+        if (carried_len > c->cap) {
+            char *nb = carried_len <= buf_limit() ? realloc(c->buf, carried_len) : NULL;
+            if (!nb) { /* cannot hold it: the client sees a close and may retry */
+                conn_close(obj);
+                return Qfalse;
+            }
+            c->buf = nb;
+            c->cap = carried_len;
+        }
+        memcpy(c->buf, carried, carried_len);
+        c->len = carried_len;
+        c->woke_at = p.ready_at;
+        c->moved_ready = 0;
+    }
+    return obj;
+}
+
+/* pass(sock_fd) -> true when the connection went to another worker over sock_fd (the hand-off
+ * socket; then close it here and forget it), false when it is not one that may move (see
+ * bb_conn_pass) or the queue is full. The worker's loop thread moves its own connections this way
+ * when all its app threads are busy (Worker's --threads). */
+static VALUE conn_pass(VALUE self, VALUE sock)
 {
     struct conn *c = get_conn(self);
-    int fd = c->fd;
-    if (fd >= 0 && queued(c) && bb_conn_drain(c, bb_settings.write_timeout_ms) != WRITE_DONE) shutdown(fd, SHUT_RDWR);
-    out_discard(c);
-    table_drop(c);
-    c->fd = -1;
-    return INT2NUM(fd);
+    if (c->fd < 0) return Qfalse;
+    return bb_conn_pass(c->fd, NUM2INT(sock), mono_now(), 1) == 1 ? Qtrue : Qfalse;
+}
+
+/* pass_request(sock_fd) -> true when the connection went to another worker over sock_fd with the
+ * request parse returned last, not yet started (its bytes travel in the message and the receiver
+ * parses them again; close it here and forget it). False when that request cannot move: it has a
+ * body, more bytes came behind it, a response has started, or it is larger than a message carries.
+ * Nil when the queue is full. The loop thread takes back this way a request it had queued for its
+ * app threads while they are all busy, when another worker has a free one (bb_conn_pass_request). */
+static VALUE conn_pass_request(VALUE self, VALUE sock)
+{
+    int r = bb_conn_pass_request(get_conn(self), NUM2INT(sock));
+    return r > 0 ? Qtrue : r < 0 ? Qnil : Qfalse;
 }
 
 /* Prepares for the next request on this connection. */
@@ -440,10 +508,13 @@ static VALUE setting(VALUE h, const char *name) { return rb_hash_fetch(h, ID2SYM
 
 /*
  * Native.configure(settings) -- once at boot, from the server's Config (a Hash with at least the
- * keys read here; Server.configure_native passes Config#values).
+ * keys read here; Server.configure_native passes Config#values), before any connection is made:
+ * the settings have no values in C until then. A missing key raises KeyError, an invalid value
+ * ArgumentError, and either leaves the settings as they were.
  */
 static VALUE native_configure(VALUE self, VALUE h)
 {
+    struct bb_settings s; /* all read and checked first: a raise leaves bb_settings as it was */
     long headers;
     long long spill, worker_spill;
     Check_Type(h, T_HASH);
@@ -453,15 +524,18 @@ static VALUE native_configure(VALUE self, VALUE h)
     if (spill < 0) rb_raise(rb_eArgError, "max_response_spill must be >= 0");
     worker_spill = NUM2LL(setting(h, "max_worker_spill"));
     if (worker_spill < 0) rb_raise(rb_eArgError, "max_worker_spill must be >= 0");
-    bb_settings.limits.max_request_line = NUM2SIZET(setting(h, "max_request_line"));
-    bb_settings.limits.max_uri = NUM2SIZET(setting(h, "max_uri"));
-    bb_settings.limits.max_headers = (size_t)headers;
-    bb_settings.limits.max_header_bytes = NUM2SIZET(setting(h, "max_header_bytes"));
-    bb_settings.write_timeout_ms = (int)(NUM2DBL(setting(h, "write_timeout")) * 1000);
-    bb_settings.out.mem_max = NUM2SIZET(setting(h, "response_buffer"));
-    bb_settings.out.spill_max = (int64_t)spill;
-    bb_settings.out.pool_max = (int64_t)worker_spill;
-    bb_settings.trust_forwarded_proto = RTEST(setting(h, "trust_forwarded_proto"));
+    memset(&s, 0, sizeof(s));
+    s.limits.max_request_line = NUM2SIZET(setting(h, "max_request_line"));
+    s.limits.max_uri = NUM2SIZET(setting(h, "max_uri"));
+    s.limits.max_headers = (size_t)headers;
+    s.limits.max_header_bytes = NUM2SIZET(setting(h, "max_header_bytes"));
+    s.write_timeout_ms = (int)(NUM2DBL(setting(h, "write_timeout")) * 1000);
+    s.out.mem_max = NUM2SIZET(setting(h, "response_buffer"));
+    s.out.spill_max = (int64_t)spill;
+    s.out.pool_max = (int64_t)worker_spill;
+    s.trust_forwarded_proto = RTEST(setting(h, "trust_forwarded_proto"));
+    s.configured = 1;
+    bb_settings = s;
     return Qnil;
 }
 
@@ -470,23 +544,19 @@ static VALUE native_http_impl(VALUE self)
     return rb_str_new_cstr(bb_http_impl());
 }
 
-
 void bb_init_conn(void)
 {
     VALUE cConn;
-    bb_limits_default(&bb_settings.limits);
-    bb_settings.write_timeout_ms = BB_DEFAULT_WRITE_TIMEOUT_MS;
-    bb_settings.out.mem_max = BB_DEFAULT_RESPONSE_BUFFER;
-    bb_settings.out.spill_max = BB_DEFAULT_MAX_RESPONSE_SPILL;
-    bb_settings.out.pool_max = BB_DEFAULT_MAX_WORKER_SPILL;
-    bb_settings.trust_forwarded_proto = 1;
     rb_define_module_function(bb_mNative, "configure", native_configure, 1);
     rb_define_module_function(bb_mNative, "http_impl", native_http_impl, 0);
 
     cConn = rb_define_class_under(bb_mNative, "Conn", rb_cObject);
-    rb_define_alloc_func(cConn, bb_conn_alloc);
+    rb_undef_alloc_func(cConn); /* a Conn comes from accept or receive, once configured */
     bb_cConn = cConn;
     rb_define_singleton_method(cConn, "accept", conn_s_accept, -1);
+    rb_define_singleton_method(cConn, "receive", conn_s_receive, -1);
+    rb_define_method(cConn, "pass", conn_pass, 1);
+    rb_define_method(cConn, "pass_request", conn_pass_request, 1);
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
     rb_define_method(cConn, "parse_proxy", conn_parse_proxy, 0);
@@ -494,10 +564,9 @@ void bb_init_conn(void)
     rb_define_method(cConn, "polled?", conn_get_polled, 0);
     rb_define_method(cConn, "watched", conn_get_watched, 0);
     rb_define_method(cConn, "watched=", conn_set_watched, 1);
-    rb_define_method(cConn, "close", bb_conn_close, 0);
+    rb_define_method(cConn, "close", conn_close, 0);
     rb_define_method(cConn, "shutdown_write", conn_shutdown_write, 0);
     rb_define_method(cConn, "discard_input", conn_discard_input, 0);
-    rb_define_method(cConn, "detach", conn_detach, 0);
     rb_define_method(cConn, "next_request", conn_next_request, 1);
     rb_define_singleton_method(cConn, "keepalive_policy", conn_s_keepalive_policy, 1);
     rb_define_method(cConn, "fd", conn_get_fd, 0);
@@ -531,7 +600,4 @@ void bb_init_conn(void)
     rb_define_const(cConn, "STREAM_CHUNKED", INT2FIX(STREAM_CHUNKED));
     rb_define_const(cConn, "STREAM_RAW", INT2FIX(STREAM_RAW));
     rb_define_const(cConn, "WRITE_FAILED", INT2FIX(WRITE_FAILED));
-    bb_init_conn_table(cConn);
-    bb_init_env(cConn);
-    bb_init_respond(cConn);
 }

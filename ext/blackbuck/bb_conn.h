@@ -16,15 +16,13 @@
 #define BB_BUF_INITIAL (8 * 1024)
 /* Bytes asked of read() at most in one call. */
 #define BB_READ_CHUNK (64 * 1024)
-/* Defaults of the response_buffer and max_response_spill settings (Config has the same). */
-#define BB_DEFAULT_RESPONSE_BUFFER (1024 * 1024)                 /* bytes queued in memory per connection */
-#define BB_DEFAULT_MAX_RESPONSE_SPILL (1024LL * 1024 * 1024)    /* bytes of spill file per connection */
-#define BB_DEFAULT_MAX_WORKER_SPILL (4LL * 1024 * 1024 * 1024)  /* bytes of all a worker's spill files */
-/* Default of write_timeout, in milliseconds (Config has the same, in seconds). */
-#define BB_DEFAULT_WRITE_TIMEOUT_MS 30000
 
-/* Process-wide settings, written once at boot from Ruby (Native.configure). */
+/* Process-wide settings of connections, from the server's Config (Native.configure): C has no
+ * defaults of its own for them (lib/blackbuck/config.rb's DEFAULTS are the only ones). Until
+ * Native.configure has run, `configured` is 0 and no connection can be made (Conn.accept and
+ * Conn.receive raise), so nothing reads the others before they are set. */
 struct bb_settings {
+    int configured;
     struct bb_limits limits;
     int write_timeout_ms; /* a blocking write waits at most this long for the client to read */
     /* response_buffer: bytes of output a connection may queue in memory, past it spill;
@@ -48,18 +46,21 @@ enum bb_conn_state {
     BB_CONN_BUSY,     /* its request is in the app */
     BB_CONN_LINGER    /* closing in stages: write side shut, input discarded until the client closes */
 };
-/* Hand-off (bb_handoff.c): moves fd to another worker over sock when it is a connection waiting
- * between requests. pidfd >= 0: the caller has its own fd table and takes the socket from the
- * worker's with pidfd_getfd. owner: the caller is the thread that owns the connection (it need not be
- * in the poller). 1 moved, 0 not such a connection, -1 with errno. Called without the GVL by the watcher. */
-int bb_conn_pass(int fd, int pidfd, int sock, double now, int owner);
+/* Hand-off (bb_conn_table.c, for bb_handoff.c): moves fd to another worker over sock when it is a
+ * connection waiting between requests. owner: the caller is the thread that owns the connection (it
+ * need not be in the poller). 1 moved, 0 not such a connection, -1 with errno. Called without the
+ * GVL by the watcher. */
+int bb_conn_pass(int fd, int sock, double now, int owner);
 /* With the GVL: logs a run of failed hand-off sends once, when one began since the last move that
  * went through (bb_conn_pass may fail on the watcher thread, which cannot log). */
 void bb_conn_pass_report(void);
 /* REQUEST_METHOD and PATH_INFO of the request a Conn parsed last (nil before its first). */
 void bb_conn_request_line(VALUE conn, VALUE *method, VALUE *path);
 
-/* Native::Conn, and Native.configure and Native.http_impl. */
+/* Native::Conn, and Native.configure and Native.http_impl (bb_conn.c); first of the three. */
 void bb_init_conn(void);
+/* Native::Conn's methods of parsing (bb_env.c) and of responding (bb_respond.c). */
+void bb_init_env(void);
+void bb_init_respond(void);
 
 #endif

@@ -3,10 +3,15 @@
  * includes it): the struct, and what more than one of them uses, inline where a call was a static
  * function's before the split (the request path makes no more calls than it did).
  *
- *   bb_conn.c        the connection's life: accept, read buffer, body framing, close and linger
  *   bb_conn_table.c  the fd table the hand-off watcher thread shares, its locking, moving a Conn
+ *                    (calls no other of these files)
+ *   bb_conn.c        the connection's life: accept, read buffer, body framing, close and linger, the
+ *                    settings, the Ruby methods of moving it (calls bb_conn_table.c only)
  *   bb_env.c         a parsed request's Rack env (and the env cache of a keep-alive connection)
- *   bb_respond.c     response heads, writing and queueing output (bb_out.c), file bodies, hints
+ *   bb_respond.c     response heads, writing and queueing output (bb_out.c), file bodies, hints,
+ *                    handing the socket to the app (detach)
+ * bb_env.c and bb_respond.c use bb_conn.c's type and settings and call neither each other nor back;
+ * bb_ext.c calls each file's init.
  */
 #ifndef BB_CONN_INT_H
 #define BB_CONN_INT_H
@@ -126,15 +131,6 @@ static inline double mono_now(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* bb_conn.c */
-VALUE bb_conn_alloc(VALUE klass);
-void bb_conn_setup(struct conn *c, int fd, VALUE addr, VALUE tmpl, int tcp, int proxy, int listener);
-VALUE bb_conn_close(VALUE self);
-
-/* bb_respond.c: sends everything queued, waiting up to wait_ms each time the client takes nothing:
- * WRITE_DONE or WRITE_FAILED. */
-int bb_conn_drain(struct conn *c, int wait_ms);
-
 /* Open connections by fd (bb_conn_table.c), for the hand-off watcher thread (bb_handoff.c), which
  * finds the connections with a request waiting by fd and may not touch Ruby objects. Written by the
  * worker's Ruby thread on setup and close, read by the watcher (bb_conn_pass) and written by
@@ -164,9 +160,11 @@ static inline void table_drop(struct conn *c)
     pthread_mutex_unlock(&bb_conn_table.lock);
 }
 
-/* Each file's methods of Native::Conn. */
-void bb_init_conn_table(VALUE cConn);
-void bb_init_env(VALUE cConn);
-void bb_init_respond(VALUE cConn);
+/* Takes a moved connection off the hand-off socket (Conn.receive): its fd, or one of these. */
+#define BB_TAKE_NONE (-1)     /* nothing is queued */
+#define BB_TAKE_UNUSABLE (-2) /* a message that could not be used (its socket is closed) */
+int bb_conn_take(int sock, int wake, struct bb_pass *p, char *bytes, size_t cap, size_t *len);
+/* Moves c with the request it read (Conn#pass_request): 1 moved, 0 it may not (or the send failed), -1 the queue is full. */
+int bb_conn_pass_request(struct conn *c, int sock);
 
 #endif

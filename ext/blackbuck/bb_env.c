@@ -7,7 +7,7 @@
 #include "bb_conn_int.h"
 
 static VALUE k_request_method, k_path_info, k_query_string, k_request_uri, k_server_protocol, k_http_version,
-    k_remote_addr, k_server_name, k_server_port, k_http_host, k_content_length, k_content_type, k_connection,
+    k_remote_addr, k_server_name, k_server_port, k_http_host, k_content_length, k_content_type,
     k_early_hints, k_queue_time, v_http10, v_http11, v_port80, v_port443, v_empty, k_url_scheme, v_https;
 
 /* SERVER_NAME and SERVER_PORT from an authority the parser validated ("name", "name:port",
@@ -159,7 +159,7 @@ static void add_header(VALUE env, const struct bb_header *h)
  * listener's template, the protocol, REMOTE_ADDR and, when they can only be what they were (the same
  * Host bytes, no absolute-form target), the Host entries, made for http (request_env sets
  * SERVER_PORT for an https request whose Host has no port). */
-static VALUE env_start(VALUE self, struct conn *c, const struct bb_request *req, int *has_host)
+static VALUE env_start(struct conn *c, const struct bb_request *req, int *has_host)
 {
     const struct bb_header *host = req->host_index >= 0 ? &req->headers[req->host_index] : NULL;
     int minor = req->minor_version;
@@ -180,7 +180,6 @@ static VALUE env_start(VALUE self, struct conn *c, const struct bb_request *req,
     rb_hash_aset(env, k_server_protocol, minor ? v_http11 : v_http10);
     rb_hash_aset(env, k_http_version, minor ? v_http11 : v_http10);
     rb_hash_aset(env, k_remote_addr, c->remote_addr);
-    rb_hash_aset(env, k_connection, self);
     *has_host = 0;
     /* A connection that will see another request keeps these for it: one copy now instead of about
      * seven hash sets for every request after this one. Made once (again only for another protocol
@@ -204,12 +203,12 @@ static VALUE env_start(VALUE self, struct conn *c, const struct bb_request *req,
 }
 
 /* The Rack env of a request the parser read (req). */
-static VALUE request_env(VALUE self, struct conn *c, const struct bb_request *req)
+static VALUE request_env(struct conn *c, const struct bb_request *req)
 {
     int has_host, https = 0;
     double now = 0;
     size_t i;
-    VALUE env = env_start(self, c, req, &has_host);
+    VALUE env = env_start(c, req, &has_host);
 
     c->req_method = method_value(req->method, req->method_len);
     c->req_path = rb_str_new(req->path, (long)req->path_len);
@@ -266,7 +265,7 @@ static VALUE conn_parse(VALUE self)
     c->keepalive = req.minor_version ? !(req.flags & BB_F_CONN_CLOSE)
                                      : ((req.flags & BB_F_CONN_KEEPALIVE) && !(req.flags & BB_F_CONN_CLOSE));
 
-    env = request_env(self, c, &req);
+    env = request_env(c, &req);
     c->minor = req.minor_version;
     c->client_close = !c->keepalive;
     c->head_only = req.method_len == 4 && memcmp(req.method, "HEAD", 4) == 0;
@@ -328,8 +327,9 @@ static VALUE reg(VALUE v)
     return v;
 }
 
-void bb_init_env(VALUE cConn)
+void bb_init_env(void)
 {
+    VALUE cConn = bb_cConn;
     rb_define_method(cConn, "start_app", conn_start_app, 1);
     rb_define_method(cConn, "parse", conn_parse, 0);
     k_request_method = reg(bb_fstring("REQUEST_METHOD", 14));
@@ -344,7 +344,6 @@ void bb_init_env(VALUE cConn)
     k_http_host = reg(bb_fstring("HTTP_HOST", 9));
     k_content_length = reg(bb_fstring("CONTENT_LENGTH", 14));
     k_content_type = reg(bb_fstring("CONTENT_TYPE", 12));
-    k_connection = reg(bb_fstring("blackbuck.connection", 20));
     k_early_hints = reg(bb_fstring("rack.early_hints", 16));
     k_queue_time = reg(bb_fstring("blackbuck.queue_time", 20));
     v_http10 = reg(bb_fstring("HTTP/1.0", 8));

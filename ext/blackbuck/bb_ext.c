@@ -13,7 +13,9 @@
 RUBY_FUNC_EXPORTED void Init_blackbuck_ext(void)
 {
     bb_init_glue();
-    bb_init_conn();
+    bb_init_conn(); /* Native::Conn, then its methods from the files of its concerns */
+    bb_init_env();
+    bb_init_respond();
     bb_init_poller();
     bb_init_handoff();
     bb_init_scoreboard();

@@ -31,9 +31,6 @@
  *   request_start(i, conn, queue_seconds); request_done(i, state) -> nil | [fd, ...];
  *   moved_out -> Integer; stop
  */
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE 1 /* unshare (Ruby's config.h defines it already on Linux) */
-#endif
 #include "bb_handoff.h"
 #include "bb_conn.h"
 #include "bb_poller.h"
@@ -41,12 +38,9 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 /* Fds one app call can move out at most (the rest wait for this worker, as before). */
 #define BB_HANDOFF_MOVED_MAX 1024
@@ -64,11 +58,8 @@ struct handoff {
     VALUE scoreboard; /* Native::Scoreboard: request_start/request_done are its too */
     struct poller *pl;
     int sock;         /* the generation's hand-off socket (send end) */
-    int epfd;         /* the poller's epoll fd (-1: the poll(2) poller) */
-    int pidfd;        /* the watcher's own fd table: its handle on the worker's (pidfd_getfd); else -1 */
     int64_t after_ns; /* handoff_after */
     int started, stopped;
-    int disabled; /* the private fd table is made but the worker's sockets are out of reach */
     pthread_t thread;
     pthread_mutex_t loop_lock;
     pthread_mutex_t lock;
@@ -97,68 +88,21 @@ static void wait_until(struct handoff *h, int64_t ns)
     pthread_cond_timedwait(&h->cond, &h->lock, &ts);
 }
 
-/*
- * The watcher's own fd table. A thread shares its process's table, and then every socket call of
- * the Ruby thread takes a reference on the file (the kernel's fast path is for a table nobody
- * shares; what that costs was within the noise of our hello-world measurements, where the whole
- * hand-off costs about 3% of CPU per request either way). So where the kernel allows (Linux 5.9+:
- * pidfd_getfd and close_range; epoll, whose fd the watcher needs), the watcher unshares the table,
- * keeps only the epoll fd and the hand-off socket in its copy (a copy of a client socket would
- * keep it open after the worker closes it), and takes each socket it moves from the worker's
- * table with pidfd_getfd. Probed before unsharing; elsewhere the table stays shared.
- */
-#if defined(SYS_pidfd_open) && defined(SYS_pidfd_getfd) && defined(SYS_close_range) && defined(HAVE_SYS_EPOLL_H)
-#define BB_PRIVATE_TABLE 1
-/* Can this process take one of its own fds through a pidfd, and close a range of fds? (A seccomp
- * profile or an older kernel says no.) fd: any open fd. */
-static int private_table_possible(int fd)
-{
-    int probe, pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (pidfd < 0) return 0;
-    probe = (int)syscall(SYS_pidfd_getfd, pidfd, fd, 0);
-    close(pidfd);
-    if (probe < 0) return 0;
-    close(probe);
-    return syscall(SYS_close_range, ~0U, ~0U, 0) == 0; /* nothing in that range: only the probe */
-}
-#endif
-
-static void private_fd_table(struct handoff *h)
-{
-#ifdef BB_PRIVATE_TABLE
-    int keep[2], lo, i;
-    if (h->epfd < 0 || !private_table_possible(h->sock)) return;
-    if (unshare(CLONE_FILES) != 0) return;
-    keep[0] = h->epfd < h->sock ? h->epfd : h->sock;
-    keep[1] = h->epfd < h->sock ? h->sock : h->epfd;
-    for (i = 0, lo = 0; i < 2; i++) {
-        if (keep[i] > lo) syscall(SYS_close_range, (unsigned)lo, (unsigned)keep[i] - 1, 0);
-        lo = keep[i] + 1;
-    }
-    syscall(SYS_close_range, (unsigned)lo, ~0U, 0);
-    h->pidfd = (int)syscall(SYS_pidfd_open, getpid(), 0);
-    if (h->pidfd < 0) h->disabled = 1; /* cannot reach the worker's sockets any more: move nothing */
-#else
-    (void)h;
-#endif
-}
-
 /* With loop_lock, while the app still runs: move every connection whose request is waiting. */
 static void move_waiting(struct handoff *h, int64_t t)
 {
     int fds[BB_HANDOFF_PEEK_MAX], n, i, turn = 0;
     if (pthread_mutex_trylock(&h->loop_lock) != 0) return; /* the app is over: the loop serves them */
-    if (__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST) && !h->disabled) {
+    if (__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST)) {
         n = bb_poller_peek(h->pl, fds, BB_HANDOFF_PEEK_MAX);
         for (i = 0; i < n && h->nmoved < BB_HANDOFF_MOVED_MAX && turn < BB_HANDOFF_MOVES_PER_TURN; i++) {
-            int r = bb_conn_pass(fds[i], h->pidfd, h->sock, (double)t / 1e9, 0);
+            int r = bb_conn_pass(fds[i], h->sock, (double)t / 1e9, 0);
             /* The queue is full, or the send failed (counted, and logged at request_done): it and
              * the rest stay here. */
             if (r < 0) break;
             if (r == 0) continue; /* a listener, the control pipe, a connection mid-request */
-            /* Unregistered now, so the next look does not see it again; with a private table the
-             * number is not ours to unregister: the moved flag skips it, app_end's caller deletes it. */
-            if (h->pidfd < 0) bb_poller_forget(h->pl, fds[i]);
+            /* Unregistered now, so the next look does not see it again. */
+            bb_poller_forget(h->pl, fds[i]);
             h->moved[h->nmoved++] = fds[i];
             h->moved_out++;
             turn++;
@@ -170,7 +114,6 @@ static void move_waiting(struct handoff *h, int64_t t)
 static void *watch(void *arg)
 {
     struct handoff *h = arg;
-    private_fd_table(h);
     pthread_mutex_lock(&h->lock);
     while (!h->quit) {
         int64_t t = mono_ns();
@@ -238,8 +181,6 @@ static VALUE handoff_alloc(VALUE klass)
     h->poller = Qnil;
     h->scoreboard = Qnil;
     h->sock = -1;
-    h->epfd = -1;
-    h->pidfd = -1;
     return obj;
 }
 
@@ -258,7 +199,6 @@ static VALUE handoff_init(VALUE self, VALUE poller, VALUE sock, VALUE after, VAL
     pthread_condattr_t ca;
     if (secs < 0) rb_raise(rb_eArgError, "handoff_after must not be negative");
     h->pl = bb_poller_get(poller);
-    h->epfd = bb_poller_epoll_fd(h->pl);
     h->poller = poller;
     h->scoreboard = scoreboard;
     h->sock = NUM2INT(sock);
@@ -347,19 +287,6 @@ static VALUE handoff_request_done(VALUE self, VALUE idx, VALUE state)
 
 static VALUE handoff_moved_out(VALUE self) { return ULL2NUM(get_handoff(self)->moved_out); }
 
-/* private_fd_table? -> whether the watcher runs with its own fd table (tests; set once it started). */
-static VALUE handoff_private_table(VALUE self) { return get_handoff(self)->pidfd >= 0 ? Qtrue : Qfalse; }
-
-/* Handoff.private_fd_table_possible? -> whether a watcher on an epoll poller gets its own table here. */
-static VALUE handoff_s_private_possible(VALUE klass)
-{
-#ifdef BB_PRIVATE_TABLE
-    return private_table_possible(0) || private_table_possible(2) ? Qtrue : Qfalse;
-#else
-    return Qfalse;
-#endif
-}
-
 /* stop: the watcher exits (the worker is exiting, or a stop must not move connections any more). */
 static VALUE handoff_stop(VALUE self)
 {
@@ -380,7 +307,5 @@ void bb_init_handoff(void)
     rb_define_method(c, "request_start", handoff_request_start, 3);
     rb_define_method(c, "request_done", handoff_request_done, 2);
     rb_define_method(c, "moved_out", handoff_moved_out, 0);
-    rb_define_method(c, "private_fd_table?", handoff_private_table, 0);
-    rb_define_singleton_method(c, "private_fd_table_possible?", handoff_s_private_possible, 0);
     rb_define_method(c, "stop", handoff_stop, 0);
 }

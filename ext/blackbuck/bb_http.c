@@ -236,16 +236,6 @@ static size_t find_not_target(const unsigned char *b, size_t i, size_t end, int 
     return find_not_target_scalar(b, i, end);
 }
 
-/* --------------------------------------------------------------- limits */
-
-void bb_limits_default(struct bb_limits *lim)
-{
-    lim->max_request_line = BB_DEFAULT_MAX_REQUEST_LINE;
-    lim->max_uri = BB_DEFAULT_MAX_URI;
-    lim->max_headers = BB_DEFAULT_MAX_HEADERS;
-    lim->max_header_bytes = BB_DEFAULT_MAX_HEADER_BYTES;
-}
-
 /*
  * A scan window: bytes before `end` may be examined; reaching `end` means
  * `status` (a limit was hit) if end is a limit, or INCOMPLETE if it is len.

@@ -9,10 +9,12 @@
  *      -1   error: the HTTP status to answer with is in the output's `status`
  *      -2   incomplete: call again with more bytes
  *
- * Limits are passed in by the caller (struct bb_limits); bb_limits_default()
- * fills the defaults below. Incomplete input that already exceeds a limit is
- * an error, not "incomplete", so a client cannot make the server buffer
- * without bound.
+ * Limits on the head are passed in by the caller (struct bb_limits): they are
+ * settings of the server (Native.configure, from lib/blackbuck/config.rb), and
+ * the parser has no defaults of its own for them. The chunked decoder's two
+ * limits are the parser's own (below). Incomplete input that already exceeds a
+ * limit is an error, not "incomplete", so a client cannot make the server
+ * buffer without bound.
  */
 #ifndef BB_HTTP_H
 #define BB_HTTP_H
@@ -20,22 +22,17 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Default limits (bytes unless noted). */
-#define BB_DEFAULT_MAX_REQUEST_LINE  (8 * 1024)   /* method SP target SP version CRLF -> 414 */
-#define BB_DEFAULT_MAX_URI           (8 * 1024)   /* request-target alone -> 414 */
-#define BB_DEFAULT_MAX_HEADERS       100          /* header fields (count) -> 431 */
-#define BB_DEFAULT_MAX_HEADER_BYTES  (64 * 1024)  /* whole head incl. request line -> 431 */
+/* The chunked decoder's limits (no setting changes them; a decoder may pass its own, for tests). */
 #define BB_DEFAULT_MAX_CHUNK_EXT     1024         /* chunk-ext bytes on one chunk-size line -> 400 */
 #define BB_DEFAULT_MAX_TRAILER_BYTES (16 * 1024)  /* trailer section of a chunked body -> 431 */
 
+/* Limits on a request head; the caller's (the server's settings of the same names). */
 struct bb_limits {
-    size_t max_request_line;  /* bytes */
-    size_t max_uri;           /* bytes */
-    size_t max_headers;       /* count; must be <= the caller's header array capacity */
-    size_t max_header_bytes;  /* bytes */
+    size_t max_request_line;  /* bytes: method SP target SP version CRLF -> 414 */
+    size_t max_uri;           /* bytes: request-target alone -> 414 */
+    size_t max_headers;       /* count of header fields -> 431; must be <= the caller's header array capacity */
+    size_t max_header_bytes;  /* bytes: whole head incl. request line -> 431 */
 };
-
-void bb_limits_default(struct bb_limits *lim);
 
 struct bb_header {
     const char *name;   /* not NUL-terminated */

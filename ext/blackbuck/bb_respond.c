@@ -1,14 +1,16 @@
 /*
  * bb_respond.c - writing a response: its head (status line, the app's fields validated, the
  * server's Connection and Date), its body from an Array, in parts, or from a file (sendfile), 103
- * Early Hints, 100 Continue, canned error answers; and the connection's output queue (bb_out.c) for
- * what the client does not take at once. Keep-alive is decided here (keepalive_allowed).
+ * Early Hints, 100 Continue, canned error answers; the connection's output queue (bb_out.c) for
+ * what the client does not take at once; and handing the socket to the app once its output is out
+ * (detach, rack.hijack). Keep-alive is decided here (keepalive_allowed).
  */
 #include "bb_conn_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 
@@ -125,7 +127,7 @@ static int out_write(struct conn *c, struct iovec *iov, int cnt)
 
 /* Sends everything queued, waiting up to wait_ms each time the client takes nothing:
  * WRITE_DONE or WRITE_FAILED. */
-int bb_conn_drain(struct conn *c, int wait_ms)
+static int drain(struct conn *c, int wait_ms)
 {
     for (;;) {
         int r = flush_nb(c);
@@ -139,7 +141,7 @@ int bb_conn_drain(struct conn *c, int wait_ms)
 static int write_wait(struct conn *c, struct iovec *iov, int cnt, int wait_ms)
 {
     int i = 0;
-    if (bb_conn_drain(c, wait_ms) != WRITE_DONE) return WRITE_FAILED;
+    if (drain(c, wait_ms) != WRITE_DONE) return WRITE_FAILED;
     bb_iov_skip(iov, &i, cnt, 0);
     while (i < cnt) {
         ssize_t w = writev(c->fd, iov + i, cnt - i > IOV_MAX ? IOV_MAX : cnt - i);
@@ -616,6 +618,21 @@ static VALUE conn_write_continue(VALUE self)
     return out_write(c, &iov, 1) != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
+/* detach -> fd: hands the socket over (rack.hijack); the Conn no longer closes it. Output still
+ * queued (a 103, the head of a partial hijack) goes first, since the app writes to the socket
+ * itself: this waits for the client, at most write_timeout while it takes nothing, and shuts the
+ * socket down if it does not, so the app's bytes cannot follow a truncated head. */
+static VALUE conn_detach(VALUE self)
+{
+    struct conn *c = get_conn(self);
+    int fd = c->fd;
+    if (fd >= 0 && queued(c) && drain(c, bb_settings.write_timeout_ms) != WRITE_DONE) shutdown(fd, SHUT_RDWR);
+    out_discard(c);
+    table_drop(c);
+    c->fd = -1;
+    return INT2NUM(fd);
+}
+
 /* Conn.stopping!: this worker is stopping; every response from now on says "Connection: close". */
 static VALUE conn_s_stopping(VALUE klass)
 {
@@ -624,8 +641,9 @@ static VALUE conn_s_stopping(VALUE klass)
     return Qnil;
 }
 
-void bb_init_respond(VALUE cConn)
+void bb_init_respond(void)
 {
+    VALUE cConn = bb_cConn;
     rb_define_singleton_method(cConn, "spill_probe", conn_s_spill_probe, 0);
     rb_define_method(cConn, "write_response", conn_write_response, 4);
     rb_define_method(cConn, "write_file", conn_write_file, 3);
@@ -635,5 +653,6 @@ void bb_init_respond(VALUE cConn)
     rb_define_method(cConn, "write_error", conn_write_error, 1);
     rb_define_method(cConn, "write_continue", conn_write_continue, 0);
     rb_define_method(cConn, "write_hints", conn_write_hints, 1);
+    rb_define_method(cConn, "detach", conn_detach, 0);
     rb_define_singleton_method(cConn, "stopping!", conn_s_stopping, 0);
 }

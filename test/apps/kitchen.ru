@@ -27,7 +27,6 @@ run lambda { |env|
   when "/hello" then [200, { "content-type" => "text/plain" }, ["hello world\n"]]
   when "/env"
     info = env.select { |_k, v| v.is_a?(String) }
-    info["connection.id"] = env["blackbuck.connection"].object_id.to_s
     info["worker.pid"] = Process.pid.to_s
     info["rack.early_hints?"] = env.key?("rack.early_hints").to_s
     info["rack.response_finished.size"] = env["rack.response_finished"].size.to_s # callbacks before the app's

@@ -77,6 +77,7 @@ class BalancerTest < Minitest::Test
   end
 
   def balancer(threads:, handoff: true, after: AFTER)
+    Native.configure(Blackbuck::Config.new.values) # Conn.receive needs the settings: C has none until then
     @worker = FakeWorker.new
     @runner = FakeRunner.new(threads)
     @scoreboard = FakeScoreboard.new

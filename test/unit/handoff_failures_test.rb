@@ -24,6 +24,7 @@ class HandoffFailuresUnitTest < Minitest::Test
   end
 
   def setup
+    Native.configure(Blackbuck::Config.new.values) # C has no settings until then (Server.run does it first)
     @dir = Dir.mktmpdir("bb-handoff-failures")
     @server = UNIXServer.new("#{@dir}/s")
     @sender, @receiver = Socket.pair(:UNIX, :SEQPACKET)
