@@ -93,8 +93,8 @@ module Blackbuck
 
     def valid_options
       {
-        "Host=HOST" => "host to listen on (default 0.0.0.0)",
-        "Port=PORT" => "port to listen on (default 9292)",
+        "Host=HOST" => "host to listen on (default #{Config::DEFAULTS[:host]})",
+        "Port=PORT" => "port to listen on (default #{Config::DEFAULT_PORT})",
         "Path=PATH" => "UNIX socket path (replaces Host/Port)",
         "BackLog=N" => "listen queue length",
         "MaxWorkers=N" => "worker processes",
