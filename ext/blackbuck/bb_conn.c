@@ -97,8 +97,6 @@ static void conn_mark(void *p)
     rb_gc_mark(c->env_base);
     rb_gc_mark(c->req_method);
     rb_gc_mark(c->req_path);
-    rb_gc_mark(c->env);
-    rb_gc_mark(c->sink);
 }
 
 int64_t bb_spill_total(void) { return bb_spill_pool.total; }
@@ -131,7 +129,7 @@ static VALUE conn_alloc(VALUE klass)
     VALUE obj = TypedData_Make_Struct(klass, struct conn, &bb_conn_type, c);
     c->fd = -1;
     bb_out_init(&c->out);
-    c->remote_addr = c->template = c->env_base = c->env = c->sink = c->req_method = c->req_path = Qnil;
+    c->remote_addr = c->template = c->env_base = c->req_method = c->req_path = Qnil;
     return obj;
 }
 
@@ -413,8 +411,6 @@ static VALUE conn_pass_request(VALUE self, VALUE sock)
 static void conn_next(struct conn *c)
 {
     c->requests++;
-    c->env = Qnil;
-    c->sink = Qnil;
     c->body_mode = BODY_NONE;
     c->body_done = 1;
     c->expect_continue = 0;
@@ -455,9 +451,6 @@ static VALUE conn_s_keepalive_policy(VALUE klass, VALUE max)
     static VALUE conn_get_##name(VALUE self) { return LONG2NUM((long)get_conn(self)->field); }
 #define ATTR_BOOL(name, field)                                                                                        \
     static VALUE conn_get_##name(VALUE self) { return get_conn(self)->field ? Qtrue : Qfalse; }
-#define ATTR_VALUE(name)                                                                                              \
-    static VALUE conn_get_##name(VALUE self) { return get_conn(self)->name; }                                         \
-    static VALUE conn_set_##name(VALUE self, VALUE v) { return get_conn(self)->name = v; }
 
 ATTR_INT(fd, fd)
 ATTR_INT(requests, requests)
@@ -469,8 +462,6 @@ static VALUE conn_get_pending_output(VALUE self) { return queued(get_conn(self))
 ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
 ATTR_BOOL(moved, moved)
-ATTR_VALUE(env)
-ATTR_VALUE(sink)
 
 static VALUE conn_get_buffered(VALUE self)
 {
@@ -478,29 +469,46 @@ static VALUE conn_get_buffered(VALUE self)
     return LONG2NUM((long)(c->len - c->off));
 }
 static VALUE conn_get_state(VALUE self) { return INT2FIX(get_conn(self)->state); }
-static VALUE conn_set_state(VALUE self, VALUE v)
-{
-    get_conn(self)->state = FIX2INT(v);
-    return v;
-}
 static VALUE conn_get_deadline(VALUE self) { return DBL2NUM(get_conn(self)->deadline); }
-static VALUE conn_set_deadline(VALUE self, VALUE v)
+
+/*
+ * enter(state, seconds) -> nil: the connection is in `state` from now on, and its deadline is `seconds`
+ * from now (CLOCK_MONOTONIC, the clock Connections#expire compares with). Every change of state and
+ * deadline the worker makes is this one call (next_request makes its own), so a deadline is never
+ * set apart from the state it belongs to.
+ */
+static VALUE conn_enter(VALUE self, VALUE state, VALUE seconds)
 {
-    get_conn(self)->deadline = NUM2DBL(v);
-    return v;
+    struct conn *c = get_conn(self);
+    c->state = FIX2INT(state);
+    c->deadline = mono_now() + NUM2DBL(seconds);
+    return Qnil;
 }
+
+/* extend(seconds) -> nil: the same state, a deadline `seconds` from now (a slow reader took some bytes). */
+static VALUE conn_extend(VALUE self, VALUE seconds)
+{
+    get_conn(self)->deadline = mono_now() + NUM2DBL(seconds);
+    return Qnil;
+}
+
+/* shorten(deadline) -> nil: the deadline becomes `deadline` if that is sooner (a stopping worker's
+ * idle connections drain until then). */
+static VALUE conn_shorten(VALUE self, VALUE deadline)
+{
+    struct conn *c = get_conn(self);
+    double d = NUM2DBL(deadline);
+    if (d < c->deadline) c->deadline = d;
+    return Qnil;
+}
+
 static VALUE conn_get_polled(VALUE self) { return get_conn(self)->watched ? Qtrue : Qfalse; }
-static VALUE conn_get_watched(VALUE self) { return INT2FIX(get_conn(self)->watched); }
-static VALUE conn_set_watched(VALUE self, VALUE v)
+
+int bb_conn_watch_slot(VALUE self, int **watched)
 {
-    get_conn(self)->watched = NUM2INT(v);
-    return v;
-}
-static VALUE conn_get_body_started(VALUE self) { return DBL2NUM(get_conn(self)->body_started); }
-static VALUE conn_set_body_started(VALUE self, VALUE v)
-{
-    get_conn(self)->body_started = NUM2DBL(v);
-    return v;
+    struct conn *c = get_conn(self);
+    *watched = &c->watched;
+    return c->fd;
 }
 
 /* The value of setting `name` in the settings Hash; KeyError when it is missing. */
@@ -562,8 +570,6 @@ void bb_init_conn(void)
     rb_define_method(cConn, "parse_proxy", conn_parse_proxy, 0);
     rb_define_method(cConn, "body_take", conn_body_take, 0);
     rb_define_method(cConn, "polled?", conn_get_polled, 0);
-    rb_define_method(cConn, "watched", conn_get_watched, 0);
-    rb_define_method(cConn, "watched=", conn_set_watched, 1);
     rb_define_method(cConn, "close", conn_close, 0);
     rb_define_method(cConn, "shutdown_write", conn_shutdown_write, 0);
     rb_define_method(cConn, "discard_input", conn_discard_input, 0);
@@ -580,15 +586,10 @@ void bb_init_conn(void)
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
     rb_define_method(cConn, "buffered", conn_get_buffered, 0);
     rb_define_method(cConn, "state", conn_get_state, 0);
-    rb_define_method(cConn, "state=", conn_set_state, 1);
+    rb_define_method(cConn, "enter", conn_enter, 2);
+    rb_define_method(cConn, "extend_deadline", conn_extend, 1);
+    rb_define_method(cConn, "shorten_deadline", conn_shorten, 1);
     rb_define_method(cConn, "deadline", conn_get_deadline, 0);
-    rb_define_method(cConn, "deadline=", conn_set_deadline, 1);
-    rb_define_method(cConn, "env", conn_get_env, 0);
-    rb_define_method(cConn, "env=", conn_set_env, 1);
-    rb_define_method(cConn, "sink", conn_get_sink, 0);
-    rb_define_method(cConn, "sink=", conn_set_sink, 1);
-    rb_define_method(cConn, "body_started", conn_get_body_started, 0);
-    rb_define_method(cConn, "body_started=", conn_set_body_started, 1);
     rb_define_const(cConn, "IDLE", INT2FIX(BB_CONN_IDLE));
     rb_define_const(cConn, "HEAD", INT2FIX(BB_CONN_HEAD));
     rb_define_const(cConn, "BODY", INT2FIX(BB_CONN_BODY));

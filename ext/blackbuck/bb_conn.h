@@ -57,6 +57,9 @@ void bb_conn_pass_report(void);
 /* REQUEST_METHOD and PATH_INFO of the request a Conn parsed last (nil before its first). */
 void bb_conn_request_line(VALUE conn, VALUE *method, VALUE *path);
 
+/* The poller's view of a Conn (Poller#watch, #unwatch): its fd (-1 once closed or detached), and in
+ * *watched the event mask it is registered with (0: none), which only the poller changes. */
+int bb_conn_watch_slot(VALUE conn, int **watched);
 /* Native::Conn, and Native.configure and Native.http_impl (bb_conn.c); first of the three. */
 void bb_init_conn(void);
 /* Native::Conn's methods of parsing (bb_env.c) and of responding (bb_respond.c). */

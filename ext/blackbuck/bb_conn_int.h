@@ -59,7 +59,6 @@ struct conn {
     long requests;
     int state;
     double deadline;
-    double body_started; /* monotonic seconds when the request body began (min_body_rate) */
     double woke_at;      /* monotonic seconds: the worker's wake-up whose read last brought bytes (queue time) */
     double request_start; /* wall-clock seconds of the request's X-Request-Start; 0 = none or implausible */
     double moved_ready;   /* monotonic seconds its waiting request was seen by the worker that moved it here; 0 = none */
@@ -78,7 +77,7 @@ struct conn {
     char base_host[BB_BASE_HOST_MAX];
     /* REQUEST_METHOD and PATH_INFO of the request parse returned last (the scoreboard shows them) */
     VALUE req_method, req_path;
-    VALUE remote_addr, template, env, sink;
+    VALUE remote_addr, template;
 };
 
 extern VALUE bb_cConn;

@@ -16,6 +16,7 @@
  * threads; the poll(2) registry is guarded by a mutex.
  */
 #include "bb_poller.h"
+#include "bb_conn.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -303,6 +304,33 @@ static VALUE poller_ctl(VALUE self, int op, VALUE fd, VALUE mask)
     return Qtrue;
 }
 
+/*
+ * watch(conn, mask) -> nil: the connection is registered for mask (added, modified, or left as it is:
+ * no system call when it already is). unwatch(conn) -> nil: it is not registered (a detached or closed
+ * one never was as far as this poller knows). The Conn keeps the mask it is registered with; each is
+ * one call with the GVL held, so a worker's app thread (unwatching a connection its app hijacks) and
+ * its loop thread (unwatching a busy connection that became readable) never both act on it.
+ */
+static VALUE poller_watch(VALUE self, VALUE conn, VALUE mask)
+{
+    struct poller *pl = get_poller(self);
+    int *watched, fd = bb_conn_watch_slot(conn, &watched), m = NUM2INT(mask);
+    if (fd < 0 || *watched == m) return Qnil;
+    if (backend_ctl(pl, *watched ? OP_MOD : OP_ADD, fd, m) < 0) rb_sys_fail("poller");
+    *watched = m;
+    return Qnil;
+}
+
+static VALUE poller_unwatch(VALUE self, VALUE conn)
+{
+    struct poller *pl = get_poller(self);
+    int *watched, fd = bb_conn_watch_slot(conn, &watched);
+    if (!*watched) return Qnil;
+    *watched = 0;
+    if (fd >= 0 && backend_ctl(pl, OP_DEL, fd, 0) < 0 && errno != ENOENT && errno != EBADF) rb_sys_fail("poller");
+    return Qnil;
+}
+
 static VALUE poller_add(VALUE self, VALUE fd, VALUE mask) { return poller_ctl(self, OP_ADD, fd, mask); }
 static VALUE poller_modify(VALUE self, VALUE fd, VALUE mask) { return poller_ctl(self, OP_MOD, fd, mask); }
 static VALUE poller_delete(VALUE self, VALUE fd) { return poller_ctl(self, OP_DEL, fd, Qnil); }
@@ -359,6 +387,8 @@ void bb_init_poller(void)
     rb_define_method(c, "add", poller_add, 2);
     rb_define_method(c, "modify", poller_modify, 2);
     rb_define_method(c, "delete", poller_delete, 1);
+    rb_define_method(c, "watch", poller_watch, 2);
+    rb_define_method(c, "unwatch", poller_unwatch, 1);
     rb_define_method(c, "wait", poller_wait, 2);
     rb_define_method(c, "close", poller_close, 0);
     rb_define_const(c, "IN", INT2FIX(POLL_IN));

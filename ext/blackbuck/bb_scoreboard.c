@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 
-/* A slot's state, as lib/blackbuck/scoreboard.rb names them (Scoreboard::IDLE, BUSY, STOPPING). */
+/* A slot's state, named here only: Ruby reads them as Native::Scoreboard::IDLE, BUSY, STOPPING. */
 enum sb_state { SB_IDLE = 0, SB_BUSY = 2, SB_STOPPING = 4 };
 
 #define SB_METHOD_MAX 16
@@ -40,7 +40,7 @@ struct sb_hist {
 
 struct sb_slot {
     int32_t pid;
-    int32_t state;        /* Blackbuck::Native::Scoreboard::IDLE/BUSY/STOPPING (lib/blackbuck/scoreboard.rb) */
+    int32_t state;        /* enum sb_state (Native::Scoreboard::IDLE/BUSY/STOPPING) */
     uint64_t requests;    /* requests served by this worker; atomic loads and stores only */
     int64_t started_ms;   /* CLOCK_MONOTONIC ms when the current request started; 0 when idle */
     int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
@@ -354,6 +354,9 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "histograms", sb_histograms, 1);
     rb_define_method(c, "request_done", bb_scoreboard_request_done, 2);
     rb_define_method(c, "running", sb_running, 5);
+    rb_define_const(c, "IDLE", INT2FIX(SB_IDLE));
+    rb_define_const(c, "BUSY", INT2FIX(SB_BUSY));
+    rb_define_const(c, "STOPPING", INT2FIX(SB_STOPPING));
     rb_define_method(c, "request_observed", sb_request_observed, 3);
     rb_define_method(c, "tick", sb_tick, 3);
     rb_define_method(c, "moves", sb_moves, 3);

@@ -10,9 +10,9 @@ module Blackbuck
   # busy waits in the pool's queue, so the thread that frees first starts it without a round trip
   # through the loop; until a thread starts it, the loop may take it back (#take_back) to move it
   # to another worker. Between push and done, only the app thread touches that connection: the
-  # loop has taken it out of its poller and its timeouts. What Response#handle answers (close the
-  # connection, forget a hijacked one, retire after a timeout) is written down on the job and done
-  # by the loop thread, never by the app thread.
+  # loop skips it in its timeouts, and takes it out of its poller if it becomes readable meanwhile.
+  # What Response#handle answers (close the connection, forget a hijacked one, retire after a
+  # timeout) is written down on the job and done by the loop thread, never by the app thread.
   class AppPool
     TYPICAL_WEIGHT = 0.05 # of the latest request's run time in the moving average (#typical)
 
@@ -21,8 +21,9 @@ module Blackbuck
     # Response#handle answered.
     Job = Struct.new(:conn, :fd, :env, :queued, :input, :pushed_at, :started, :finished, :mode)
 
-    # response: what each thread answers with (Response; a stand-in in unit tests).
-    def initialize(worker, config, app, size, response: Response)
+    # response: what each thread answers with (Response; a stand-in in unit tests). hand_over: called
+    # with a connection the app hijacks, before the app gets its socket (the loop stops watching it).
+    def initialize(worker, config, app, size, response: Response, hand_over: nil)
       @worker = worker
       @waiting = [] # jobs no thread has started, oldest first; under @lock
       @lock = Thread::Mutex.new
@@ -34,8 +35,7 @@ module Blackbuck
       @running = Array.new(size) # the job each thread runs, or nil
       @typical = 0.0 # seconds a request runs, a moving average (#room?)
       @threads = Array.new(size) do |i|
-        # no hand_over: the loop took the connection out of its poller when it pushed the request
-        responder = response.new(config, app, worker.logger, nil)
+        responder = response.new(config, app, worker.logger, hand_over)
         Thread.new { work(i, responder) }
       end
     end

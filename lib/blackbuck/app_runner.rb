@@ -117,7 +117,11 @@ module Blackbuck
       end
 
       def start(poller)
-        @pool = AppPool.new(@worker, @config, @app, @size, response: @response)
+        # A connection stays in the loop's poller while an app thread has its request; one the app
+        # hijacks leaves it before the app gets the socket (Poller#unwatch: one C call, so the loop
+        # thread, which unwatches a busy connection that becomes readable, never races it).
+        @pool = AppPool.new(@worker, @config, @app, @size, response: @response,
+                                                           hand_over: ->(conn) { poller.unwatch(conn) })
         poller.add(@pool.wake_fd, Native::Poller::IN)
         publish_free
       end
@@ -132,7 +136,6 @@ module Blackbuck
 
       # Hands the request to the threads; the answer comes back through #finished.
       def run(conn, env, queued)
-        @conns.unwatch(conn) # (serve made it BUSY)
         @busy += 1
         @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, @request.take_spilled, @worker.woke_at))
         publish_free if @busy <= @size
@@ -199,9 +202,11 @@ module Blackbuck
         @scoreboard.running(@index, state, age, env["REQUEST_METHOD"], env["PATH_INFO"])
       end
 
-      # (Only this runner writes the slot's free threads: a value it shows already is not written again.)
+      # Whether this worker has a free app thread, in its slot: siblings move requests queued for their
+      # own threads here while it has (Scoreboard#free_elsewhere?). Written when the answer changes,
+      # not with every request. (Only this runner writes it.)
       def publish_free
-        free = @stopping || @busy >= @size ? 0 : @size - @busy
+        free = @stopping || @busy >= @size ? 0 : 1
         return if free == @free_shown
 
         @free_shown = free

@@ -50,6 +50,10 @@ module Blackbuck
       @moved_in = 0
       @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
       @polled = false
+      # Connections may wait on the hand-off socket without this worker having been woken for them:
+      # it was not polled (#intake), or a wake-up found no room. Only then does a freed thread look
+      # (#adopt_while_room), so a request costs no empty receive.
+      @unseen = true
     end
 
     # listener_info: [env template, tcp] of each listener, for a connection moved here.
@@ -117,17 +121,27 @@ module Blackbuck
 
       on ? @poller.add(@fd, Native::Poller::EXCLUSIVE) : @poller.delete(@fd)
       @polled = on
+      @unseen = true unless on
     end
 
     # The hand-off socket is readable.
     def adopt_one
-      adopt if room?
+      return adopt if room?
+
+      @unseen = true
+      nil
     end
 
     # A thread is free again: requests moved to the hand-off socket have waited longest, so they take
     # the room first, as many as fit.
     def adopt_while_room
-      nil while @fd && !@stopping && room? && adopt
+      return unless @fd && @unseen
+
+      @unseen = false
+      until @stopping || !room?
+        return if adopt.nil? # none left (or too few descriptors: #intake(false) marked it unseen again)
+      end
+      @unseen = true # more may wait than there was room for
     end
 
     # A stopping worker with no connection left takes what is still on the hand-off socket, one per
@@ -164,6 +178,7 @@ module Blackbuck
         next false unless conn.pass_request(@pass_fd)
 
         @moved_out += 1
+        @conns.unwatch(conn) # (epoll forgets a socket only once every holder has closed it)
         @conns.drop(conn)
         true
       end

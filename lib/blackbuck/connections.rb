@@ -39,8 +39,8 @@ module Blackbuck
     attr_writer :saturated, :paused
 
     # worker: what the state machine asks of the loop (counted, last_request, begin_graceful_stop,
-    # resume_accepting). rewatch: a finished response's connection is out of the
-    # poller (app threads take it out while they run the app).
+    # resume_accepting). rewatch: a finished response's connection may be out of the poller (app
+    # threads: the loop takes it out only if it becomes readable while the app runs, #on_event).
     def initialize(worker, config, request, scoreboard, index, rewatch:, requests_limit: 0)
       @worker = worker
       @request = request
@@ -81,7 +81,7 @@ module Blackbuck
     def take(conn, seconds, woke_at, moved = false)
       fd = conn.fd
       @conns[fd] = conn
-      conn.deadline = now + seconds
+      conn.enter(IDLE, seconds)
       return if @saturated && @balancer.pass_new(conn) # no room here: it moves on at once
 
       if moved && conn.buffered.positive?
@@ -96,7 +96,7 @@ module Blackbuck
     # stopping worker taking its listeners' queues).
     def track(conn, seconds)
       @conns[conn.fd] = conn
-      conn.deadline = now + seconds
+      conn.enter(IDLE, seconds)
       watch(conn, IN)
     end
 
@@ -105,6 +105,11 @@ module Blackbuck
       case (state = conn.state)
       when WRITE then flush(conn)
       when LINGER then drop(conn) if conn.discard_input
+      # An app thread has its request (--threads; the connection stays in the poller while the app
+      # runs, so a request costs no epoll_ctl): it became readable (a pipelined request, the client
+      # closing) or writable (a 100 Continue went out). Looked at again once the app is done
+      # (#finish_response watches it again).
+      when BUSY then @poller.unwatch(conn)
       else
         if ev & OUT != 0
           flush_interim(conn)
@@ -154,6 +159,7 @@ module Blackbuck
     # close at once.
     def drop(conn)
       untrack_fd(conn.fd)
+      @request.discard(conn) # a body it was sending
       conn.close
     end
 
@@ -166,19 +172,14 @@ module Blackbuck
       untrack_fd(conn.fd)
     end
 
-    def unwatch(conn)
-      return if conn.watched.zero?
-
-      @poller.delete(conn.fd)
-      conn.watched = 0
-    end
+    def unwatch(conn) = @poller.unwatch(conn)
 
     # The worker stops: a response from now on says "Connection: close", and idle connections are
     # kept only until `drain_until` (a request racing the stop is served).
     def stopping!
       @stopping = true
       drain_until = now + @stop_idle_seconds
-      @conns.each_value { |c| c.deadline = drain_until if c.state == IDLE && c.deadline > drain_until }
+      @conns.each_value { |c| c.shorten_deadline(drain_until) if c.state == IDLE }
     end
 
     # A forced stop: every connection closes now, but an app thread's (it ends with the process).
@@ -235,16 +236,13 @@ module Blackbuck
       end
       case r
       when Request::HEAD
-        if state == IDLE && conn.buffered.positive?
-          conn.state = HEAD # the clock for a whole head starts with its first byte
-          conn.deadline = now + @header_timeout
-        end
+        # the clock for a whole head starts with its first byte
+        conn.enter(HEAD, @header_timeout) if state == IDLE && conn.buffered.positive?
       when Request::BODY
-        conn.state = BODY # the clock restarts with every part of the body that arrives
-        conn.deadline = now + @body_timeout
+        conn.enter(BODY, @body_timeout) # the clock restarts with every part of the body that arrives
         watch(conn, IN | OUT) if conn.pending_output? # a 100 Continue the socket did not take
       when Request::PROXY # the PROXY header is in: the clock is a fresh connection's, the request next
-        conn.deadline = now + @header_timeout
+        conn.extend_deadline(@header_timeout)
         progress(conn, IDLE) if conn.buffered.positive?
       when Request::PROXY_PART then nil
       when Request::DROP then drop(conn)
@@ -285,14 +283,14 @@ module Blackbuck
     def answered(conn, mode = Response::WRITTEN)
       return finish_response(conn) unless mode != Response::DONE && conn.pending_output?
 
-      conn.state = WRITE
-      conn.deadline = now + @write_timeout
+      conn.enter(WRITE, @write_timeout)
       watch(conn, OUT)
       false
     end
 
     # The response is out: keep the connection for the next request, or close it (Conn#next_request
-    # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) not at all.
+    # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) maybe not
+    # at all (Poller#watch makes no system call when it is watched for IN already).
     # True when the next request is read already and may be served now (#progress).
     def finish_response(conn, rewatch = @rewatch)
       # A stopping worker keeps a connection whose response promised keep-alive as long as it
@@ -320,8 +318,7 @@ module Blackbuck
     def close(conn)
       return drop(conn) unless conn.shutdown_write
 
-      conn.state = LINGER
-      conn.deadline = now + LINGER_SECONDS
+      conn.enter(LINGER, LINGER_SECONDS)
       watch(conn, IN)
     end
 
@@ -338,7 +335,7 @@ module Blackbuck
     def flush(conn)
       case conn.flush
       when Native::Conn::WRITE_DONE then progress(conn, IDLE) if finish_response(conn, true)
-      when Native::Conn::WRITE_PENDING then conn.deadline = now + @write_timeout
+      when Native::Conn::WRITE_PENDING then conn.extend_deadline(@write_timeout)
       when Native::Conn::WRITE_FAILED then drop(conn)
       end
     end
@@ -351,13 +348,7 @@ module Blackbuck
       end
     end
 
-    def watch(conn, mask)
-      watched = conn.watched
-      return if watched == mask
-
-      watched.zero? ? @poller.add(conn.fd, mask) : @poller.modify(conn.fd, mask)
-      conn.watched = mask
-    end
+    def watch(conn, mask) = @poller.watch(conn, mask)
 
     def untrack_fd(fd)
       @conns.delete(fd)

@@ -214,7 +214,7 @@ module Blackbuck
 
     def from_server_starter(spec, &proxy_protocol)
       spec.split(";").reject(&:empty?).map do |pair|
-        key, fd = pair.split("=", 2)
+        _addr, fd = pair.split("=", 2)
         raise ConfigError, "invalid SERVER_STARTER_PORT entry #{pair.inspect}" unless fd&.match?(/\A\d+\z/)
 
         from_fd(Integer(fd, 10), &proxy_protocol)

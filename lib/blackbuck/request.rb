@@ -15,10 +15,14 @@ module Blackbuck
     # #advance's answers besides a complete request's env (a Hash) and a rejection (an Integer,
     # the status to answer before closing):
     HEAD = :head   # the head is not complete: wait for more of it
-    BODY = :body   # the head is in, the body is not: wait for more of it (Conn#sink holds it so far)
+    BODY = :body   # the head is in, the body is not: wait for more of it (#bodies holds it so far)
     PROXY_PART = :proxy_part # part of a PROXY header is in: wait for the rest (accept's deadline holds)
     PROXY = :proxy # a PROXY header is in (Conn#parse_proxy): the HTTP request comes next
     DROP = :drop   # not HTTP at all (bytes that are not a PROXY header): close without an answer
+
+    # A request whose body is still arriving: its env, where its body goes so far (a StringIO, or a
+    # Tempfile past body_buffer), and when the body began (monotonic seconds; min_body_rate).
+    Body = Struct.new(:env, :sink, :started)
 
     # The tempfile holding the body of the request #advance completed last, or nil: the worker takes
     # it (#take_spilled) and closes it once the app is done with the request.
@@ -31,6 +35,7 @@ module Blackbuck
       @min_body_rate = config[:min_body_rate]
       @empty_input = StringIO.new(EMPTY)
       @spilled = nil
+      @bodies = {} # Conn => Body of each connection reading a body (only those: most requests have none)
       # With app threads a request outlives the loop's turn (it runs on another thread): its
       # input is its own, and the worker closes a tempfile body when the app is done with it.
       @threaded = config[:threads] > 1
@@ -41,8 +46,10 @@ module Blackbuck
     def too_slow?(conn, t)
       return false unless @min_body_rate.positive? && conn.state == Worker::BODY
 
-      elapsed = t - conn.body_started
-      elapsed > MIN_RATE_GRACE && conn.sink.size < @min_body_rate * elapsed
+      return false unless (body = @bodies[conn])
+
+      elapsed = t - body.started
+      elapsed > MIN_RATE_GRACE && body.sink.size < @min_body_rate * elapsed
     end
 
     # Makes as much progress as the buffered bytes allow and answers what they make: an env, a
@@ -73,12 +80,13 @@ module Blackbuck
       file
     end
 
-    # A request that will not be served: its body, if one was being read, is thrown away.
+    # A request that will not be served (rejected, or its client is gone): its body, if one was
+    # being read, is thrown away.
     def discard(conn)
-      sink = conn.sink
+      return if @bodies.empty?
+
+      sink = @bodies.delete(conn)&.sink
       sink.close! if sink.is_a?(Tempfile)
-      conn.sink = nil
-      conn.env = nil
     end
 
     private
@@ -115,15 +123,14 @@ module Blackbuck
       return 413 if @max_body.positive? && length > @max_body
 
       conn.write_continue if conn.expect_continue? # Connections#progress flushes what the socket did not take
-      conn.sink = if length >= 0 && length <= @body_buffer
-                    StringIO.new(String.new(capacity: length, encoding: Encoding::BINARY))
-                  elsif length > @body_buffer
-                    spill_file
-                  else
-                    StringIO.new(String.new(encoding: Encoding::BINARY))
-                  end
-      conn.env = env
-      conn.body_started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      sink = if length >= 0 && length <= @body_buffer
+               StringIO.new(String.new(capacity: length, encoding: Encoding::BINARY))
+             elsif length > @body_buffer
+               spill_file
+             else
+               StringIO.new(String.new(encoding: Encoding::BINARY))
+             end
+      @bodies[conn] = Body.new(env, sink, Process.clock_gettime(Process::CLOCK_MONOTONIC))
       read_body(conn)
     rescue SystemCallError => e # no room for a tempfile
       @logger.error("cannot buffer a request body: #{e.message}")
@@ -131,18 +138,19 @@ module Blackbuck
     end
 
     def read_body(conn)
+      body = @bodies.fetch(conn)
       loop do
         data = conn.body_take
         return data if data.is_a?(Integer)
 
         unless data.empty?
-          sink = conn.sink
+          sink = body.sink
           return 413 if @max_body.positive? && sink.size + data.bytesize > @max_body
 
-          sink = spill(conn, sink) if sink.is_a?(StringIO) && sink.size + data.bytesize > @body_buffer
+          sink = spill(body) if sink.is_a?(StringIO) && sink.size + data.bytesize > @body_buffer
           sink.write(data)
         end
-        return body_complete(conn) if conn.body_done?
+        return body_complete(conn, body) if conn.body_done?
         return BODY if conn.buffered.zero?
       end
     rescue SystemCallError => e # ENOSPC while spilling
@@ -150,22 +158,21 @@ module Blackbuck
       503
     end
 
-    def body_complete(conn)
-      env = conn.env
-      input = conn.sink
+    def body_complete(conn, body)
+      @bodies.delete(conn)
+      env = body.env
+      input = body.sink
       input.rewind
       env["CONTENT_LENGTH"] = input.size.to_s if conn.chunked?
       env["rack.input"] = input
-      conn.env = nil
-      conn.sink = nil
       @spilled = input if input.is_a?(Tempfile)
       env
     end
 
-    def spill(conn, sink)
+    def spill(body)
       file = spill_file
-      file.write(sink.string)
-      conn.sink = file
+      file.write(body.sink.string)
+      body.sink = file
     end
 
     def spill_file

@@ -2,12 +2,10 @@
 
 module Blackbuck
   module Native
-    # The worker states kept in each scoreboard slot (bb_scoreboard.c), named in one place.
-    # request_start (C) sets BUSY; the worker writes IDLE or STOPPING on request_done and tick.
+    # The worker states kept in each scoreboard slot: their numbers are C's (bb_scoreboard.c defines
+    # IDLE, BUSY and STOPPING on this class), their names for /status are here. request_start (C) sets
+    # BUSY; the worker writes IDLE or STOPPING on request_done and tick.
     class Scoreboard
-      IDLE = 0
-      BUSY = 2
-      STOPPING = 4
       NAMES = { IDLE => "idle", BUSY => "busy", STOPPING => "stopping" }.freeze
     end
   end

@@ -59,6 +59,15 @@ class ConnectionsTest < Minitest::Test
     end
 
     def polled? = !@watched.zero?
+
+    # Conn#enter, #extend_deadline, #shorten_deadline: C's clock is CLOCK_MONOTONIC.
+    def enter(state, seconds)
+      @state = state
+      extend_deadline(seconds)
+    end
+
+    def extend_deadline(seconds) = @deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    def shorten_deadline(deadline) = @deadline = [@deadline, deadline].min
     def closed? = @closed
     def pending_output? = @pending_output
     def close = @closed = true
@@ -88,9 +97,21 @@ class ConnectionsTest < Minitest::Test
     attr_reader :calls
 
     def initialize = @calls = []
-    def add(fd, mask) = @calls << [:add, fd, mask]
-    def modify(fd, mask) = @calls << [:modify, fd, mask]
-    def delete(fd) = @calls << [:delete, fd]
+
+    # Poller#watch and #unwatch keep the Conn's mask and make a system call only for a change.
+    def watch(conn, mask)
+      return if conn.watched == mask
+
+      @calls << [conn.watched.zero? ? :add : :modify, conn.fd, mask]
+      conn.watched = mask
+    end
+
+    def unwatch(conn)
+      return if conn.watched.zero?
+
+      @calls << [:delete, conn.fd]
+      conn.watched = 0
+    end
   end
 
   # The app runner: answers `mode` now (Inline) or nil (Threads: later, through #finished).
@@ -254,6 +275,34 @@ class ConnectionsTest < Minitest::Test
     assert_equal 1, @worker.served
     assert_equal C::IDLE, conn.state
     assert_equal [[:add, 5, IN]], @poller.calls
+  end
+
+  # With app threads a keep-alive connection stays in the poller while its request runs: a request
+  # costs no epoll_ctl. Only one that becomes readable meanwhile (a pipelined request, the client
+  # closing) leaves it until the app is done.
+  def test_app_threads_leave_the_poller_alone_unless_the_connection_stirs
+    setup(rewatch: true)
+    conn = FakeConn.new(5)
+    conn.reads = [nil, 1, 1, 1]
+    @request.script(conn, env, env)
+    @runner.mode = nil
+    @c.take(conn, 10, 42.0) # nothing to read yet: watched
+    assert_equal [[:add, 5, IN]], @poller.calls
+    @c.on_event(conn, IN, 43.0)
+    assert_equal C::BUSY, conn.state
+    @runner.done = [[conn, 5, Response::DONE]]
+    @c.finished
+    assert_equal C::IDLE, conn.state
+    assert_equal [[:add, 5, IN]], @poller.calls # none while it ran, none after
+
+    @c.on_event(conn, IN, 44.0) # the next request
+    assert_equal C::BUSY, conn.state
+    @c.on_event(conn, IN, 44.5) # readable while the app runs: out of the poller, not read
+    assert_equal [:delete, 5], @poller.calls.last
+    assert_equal [1], conn.reads # not read while the app has its request
+    @runner.done = [[conn, 5, Response::DONE]]
+    @c.finished
+    assert_equal [:add, 5, IN], @poller.calls.last # watched again once the app is done
   end
 
   def test_a_hijacked_connection_is_the_apps

@@ -50,9 +50,8 @@ class HandoffFailuresUnitTest < Minitest::Test
   def waiting_conn
     @clients << (client = UNIXSocket.new("#{@dir}/s"))
     conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, 0)
-    conn.state = Native::Conn::IDLE
-    @poller.add(conn.fd, Native::Poller::IN)
-    conn.watched = Native::Poller::IN
+    conn.enter(Native::Conn::IDLE, 30)
+    @poller.watch(conn, Native::Poller::IN)
     @conns << conn
     client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     sleep 0.01
@@ -67,7 +66,7 @@ class HandoffFailuresUnitTest < Minitest::Test
     client.write("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
     Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
     assert_kind_of Hash, conn.parse
-    conn.state = Native::Conn::BUSY
+    conn.enter(Native::Conn::BUSY, 30)
     conn
   end
 

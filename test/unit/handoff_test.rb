@@ -41,9 +41,8 @@ class HandoffUnitTest < Minitest::Test
   def idle_conn(listener_index: 0)
     @clients << (client = UNIXSocket.new("#{@dir}/s"))
     conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, listener_index)
-    conn.state = Native::Conn::IDLE
-    @poller.add(conn.fd, Native::Poller::IN)
-    conn.watched = Native::Poller::IN
+    conn.enter(Native::Conn::IDLE, 30)
+    @poller.watch(conn, Native::Poller::IN)
     @conns << conn
     [conn, client]
   end
@@ -58,7 +57,7 @@ class HandoffUnitTest < Minitest::Test
       client.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n")
       Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
       assert_kind_of Hash, conn.parse
-      conn.state = Native::Conn::BUSY
+      conn.enter(Native::Conn::BUSY, 30)
       conn
     end
   end
@@ -154,7 +153,7 @@ class HandoffUnitTest < Minitest::Test
 
   def test_a_connection_mid_request_with_bytes_read_or_closed_stays
     busy, busy_client = idle_conn
-    busy.state = Native::Conn::BUSY # the request the app runs
+    busy.enter(Native::Conn::BUSY, 30) # the request the app runs
     buffered, buffered_client = idle_conn
     gone, gone_client = idle_conn
     gone_client.close # readable too (end of input), but no request: the worker drops it itself

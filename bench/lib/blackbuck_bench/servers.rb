@@ -205,8 +205,10 @@ module BlackbuckBench
 
     # exe/ by path: the same binstub as `bundle exec blackbuck`, but it does not need the
     # project gem's executables registered by a fresh `bundle install`.
-    def self.blackbuck_command(ctx, *flags)
-      { argv: ["bundle", "exec", "exe/blackbuck", "-w", ctx.workers.to_s, *flags, "-l", ctx.tcp,
+    # exe: the blackbuck executable (this tree's, or BENCH_BASE's for the base rows); the project's
+    # bundle either way (the executable loads its own tree's lib/ by relative path).
+    def self.blackbuck_command(ctx, *flags, exe: "exe/blackbuck")
+      { argv: ["bundle", "exec", exe, "-w", ctx.workers.to_s, *flags, "-l", ctx.tcp,
                "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
     end
 
@@ -234,15 +236,22 @@ module BlackbuckBench
     end
 
     # Blackbuck with flags: the plain row (no flags), a variant, or a threaded row.
-    def self.blackbuck(name, summary, *flags, variant: false, threaded: false)
+    def self.blackbuck(name, summary, *flags, variant: false, threaded: false, root: ROOT)
+      exe = File.join(root.to_s, "exe/blackbuck")
       Recipe.new(
         name: name, summary: summary, variant: variant, threaded: threaded,
-        executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) },
+        executable: -> { root && first_existing(exe) },
         worker_re: /\Ablackbuck worker/,
         ready_re: /worker \d+ .*ready/,
         bundled: true
-      ) { |ctx| blackbuck_command(ctx, *flags) }
+      ) { |ctx| blackbuck_command(ctx, *flags, exe: exe) }
     end
+
+    # BENCH_BASE=DIR: a built checkout of another version (e.g. main: `git worktree add DIR main &&
+    # (cd DIR && bundle exec rake compile)`). Its rows (variants: name them in --servers) run its
+    # exe/blackbuck with the same flags as this tree's, interleaved with them in one run: a before and
+    # after on the same machine at the same time.
+    BASE_ROOT = ENV.fetch("BENCH_BASE", nil)
 
     def self.blackbuck_threads(name, threads, why)
       blackbuck(name, "blackbuck as above with --threads #{threads} (#{why}); only on the workloads that wait",
@@ -279,6 +288,9 @@ module BlackbuckBench
                 "--handoff-after", "0", variant: true),
       blackbuck_threads("blackbuck-2x2", 2, "like Puma 8 with 2 threads"),
       blackbuck_threads("blackbuck-2x5", PUMA_MANY_THREADS, "like Puma 8 and Iodine 2x5"),
+      blackbuck("blackbuck-base", "BENCH_BASE's blackbuck (another version), defaults", variant: true, root: BASE_ROOT),
+      blackbuck("blackbuck-base-2x5", "BENCH_BASE's blackbuck with --threads #{PUMA_MANY_THREADS}",
+                "--threads", PUMA_MANY_THREADS.to_s, variant: true, threaded: true, root: BASE_ROOT),
       Recipe.new(
         name: "unicorn",
         summary: "Debian unicorn, worker_processes N, preload_app, -E none (no keep-alive by design)",
