@@ -102,14 +102,15 @@ module Blackbuck
 
     # What the poller saw on a connection, woken at woke_at.
     def on_event(conn, ev, woke_at)
-      case (state = conn.state)
-      when WRITE then flush(conn)
-      when LINGER then drop(conn) if conn.discard_input
+      # (if/elsif with ==, not case/when: on every event, and == on two Integers is the VM's own)
+      state = conn.state
+      if state == WRITE then flush(conn)
+      elsif state == LINGER then drop(conn) if conn.discard_input
       # An app thread has its request (--threads; the connection stays in the poller while the app
       # runs, so a request costs no epoll_ctl): it became readable (a pipelined request, the client
       # closing) or writable (a 100 Continue went out). Looked at again once the app is done
       # (#finish_response watches it again).
-      when BUSY then @poller.unwatch(conn)
+      elsif state == BUSY then @poller.unwatch(conn)
       else
         if ev & OUT != 0
           flush_interim(conn)
