@@ -1,9 +1,10 @@
 /*
  * bb_poller.c - Blackbuck::Native::Poller, a thin readiness wrapper sized once at creation.
  *
- *   poller.add(fd, mask)      mask: IN | OUT | EXCLUSIVE (listeners shared by workers)
- *   poller.modify(fd, mask)
+ *   poller.add(fd, mask)      mask: IN | OUT | EXCLUSIVE (listeners shared by workers; pipes)
  *   poller.delete(fd)
+ *   poller.watch(conn, mask)  a Native::Conn: registered for mask (the Conn keeps what it is
+ *   poller.unwatch(conn)      registered with, so an unchanged mask costs no system call)
  *   poller.wait(timeout_ms, out) -> n; out is cleared and filled with fd, events pairs
  *                                   (events: IN | OUT | ERR); no allocation per call
  *
@@ -130,8 +131,6 @@ int bb_poller_forget(struct poller *pl, int fd)
     return epoll_ctl(pl->epfd, EPOLL_CTL_DEL, fd, &ev);
 }
 
-int bb_poller_epoll_fd(struct poller *pl) { return pl->epfd; }
-
 /* ---- backend: poll(2) ---- */
 #else
 
@@ -207,12 +206,6 @@ int bb_poller_peek(struct poller *pl, int *fds, int max)
 }
 
 int bb_poller_forget(struct poller *pl, int fd) { return backend_ctl(pl, OP_DEL, fd, 0); }
-
-int bb_poller_epoll_fd(struct poller *pl)
-{
-    (void)pl;
-    return -1;
-}
 
 static int backend_wait(struct poller *pl, int timeout_ms)
 {
@@ -332,7 +325,6 @@ static VALUE poller_unwatch(VALUE self, VALUE conn)
 }
 
 static VALUE poller_add(VALUE self, VALUE fd, VALUE mask) { return poller_ctl(self, OP_ADD, fd, mask); }
-static VALUE poller_modify(VALUE self, VALUE fd, VALUE mask) { return poller_ctl(self, OP_MOD, fd, mask); }
 static VALUE poller_delete(VALUE self, VALUE fd) { return poller_ctl(self, OP_DEL, fd, Qnil); }
 
 struct wait_args {
@@ -385,7 +377,6 @@ void bb_init_poller(void)
     rb_define_alloc_func(c, poller_alloc);
     rb_define_method(c, "initialize", poller_init, 1);
     rb_define_method(c, "add", poller_add, 2);
-    rb_define_method(c, "modify", poller_modify, 2);
     rb_define_method(c, "delete", poller_delete, 1);
     rb_define_method(c, "watch", poller_watch, 2);
     rb_define_method(c, "unwatch", poller_unwatch, 1);

@@ -13,8 +13,6 @@ struct poller *bb_poller_get(VALUE poller);
 int bb_poller_peek(struct poller *pl, int *fds, int max);
 /* Unregisters fd; 0 or -1 with errno. */
 int bb_poller_forget(struct poller *pl, int fd);
-/* The epoll fd, or -1 for the poll(2) poller. */
-int bb_poller_epoll_fd(struct poller *pl);
 
 void bb_init_poller(void);
 
