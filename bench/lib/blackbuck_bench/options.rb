@@ -27,7 +27,8 @@ module BlackbuckBench
     crosscheck: true,      # one cell also measured with wrk (TCP) and h2load (UNIX)
     crosscheck_cell: %w[auto hello_length keepalive], # server workload mode; auto = blackbuck, else unicorn
     out: File.expand_path("../../results", __dir__),
-    quick: false
+    quick: false,
+    cpu_hog: false         # one busy process per core beside the whole run (a shared CPU)
   }.freeze
 
   # CI: every server and every workload once, very short. Durations of workloads that set their
@@ -59,6 +60,8 @@ module BlackbuckBench
         given[:crosscheck_cell] = v.split(",")
       end
       o.on("--out DIR", "where latest.{json,md,png} go") { |v| given[:out] = File.expand_path(v) }
+      o.on("--[no-]cpu-hog", "run beside one busy process per core (`yes > /dev/null`): the CPU shared " \
+                             "with nginx, sidecars or jobs, as in production") { |v| given[:cpu_hog] = v }
     end.parse!(argv)
     given[:only] ||= env["BENCH_ONLY"] unless env["BENCH_ONLY"].to_s.empty?
     base = DEFAULTS.dup

@@ -62,7 +62,8 @@ module BlackbuckBench
       "#{@driver.name} -t #{@opts[:threads]} -c #{@opts[:connections]}, #{fmt_num(@opts[:duration])} s x " \
         "#{@opts[:repeat]} interleaved runs per cell, #{@opts[:workers]} workers per server " \
         "(mixed: #{MIXED_WORKERS} workers, #{MIXED_TARGETS.sum { |t| t['weight'] }} connections; iowait and mixed " \
-        "#{[MIXED_DURATION_S, @opts[:quick] ? @opts[:duration] : MIXED_DURATION_S].min} s)"
+        "#{[MIXED_DURATION_S, @opts[:quick] ? @opts[:duration] : MIXED_DURATION_S].min} s)" \
+        "#{'; beside a CPU hog: one `yes > /dev/null` per core for the whole run' if @opts[:cpu_hog]}"
     end
 
     def title_line

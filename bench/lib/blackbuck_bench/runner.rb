@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "etc"
 require "fileutils"
 require "tmpdir"
 require "socket"
@@ -73,6 +74,7 @@ module BlackbuckBench
       estimate = Plan.estimate(steps, @opts)
       log Plan.describe(steps, @opts)
       machine = Machine.describe
+      start_cpu_hogs if @opts[:cpu_hog]
       steps.each { |step| run_step(step) }
       finished = Time.now.utc
       report = Report.new(opts: @opts, command: @command, machine: machine, driver: @driver,
@@ -83,6 +85,7 @@ module BlackbuckBench
       report
     ensure
       @running.each_value(&:stop)
+      stop_cpu_hogs
       FileUtils.rm_rf(@sockdir) if @sockdir
       FileUtils.rm_rf(@statsdir) if @statsdir
     end
@@ -90,6 +93,23 @@ module BlackbuckBench
     private
 
     def log(msg) = warn("[bench #{Time.now.utc.strftime('%H:%M:%S')}] #{msg}")
+
+    # --cpu-hog: one `yes > /dev/null` per core for the whole run, so every server shares the CPU
+    # with something that always wants it (the load average the report gives is taken before).
+    def start_cpu_hogs
+      @hogs = Array.new(Etc.nprocessors) { Process.spawn("yes", out: File::NULL, err: File::NULL) }
+      log "beside #{@hogs.size} CPU hogs (yes > /dev/null): pids #{@hogs.join(' ')}"
+    end
+
+    def stop_cpu_hogs
+      (@hogs || []).each do |pid|
+        Process.kill(:TERM, pid)
+        Process.wait(pid)
+      rescue SystemCallError
+        nil
+      end
+      @hogs = nil
+    end
 
     def load_settings(step, duration = step.duration)
       { threads: @opts[:threads], connections: step.connections, duration: duration, timeout: @opts[:timeout],
