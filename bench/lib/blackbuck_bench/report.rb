@@ -63,7 +63,7 @@ module BlackbuckBench
         "#{@opts[:repeat]} interleaved runs per cell, #{@opts[:workers]} workers per server " \
         "(mixed: #{MIXED_WORKERS} workers, #{MIXED_TARGETS.sum { |t| t['weight'] }} connections; iowait and mixed " \
         "#{[MIXED_DURATION_S, @opts[:quick] ? @opts[:duration] : MIXED_DURATION_S].min} s)" \
-        "#{'; beside a CPU hog: one `yes > /dev/null` per core for the whole run' if @opts[:cpu_hog]}"
+        "#{'; beside a CPU hog: one busy process (yes) per core for the whole run' if @opts[:cpu_hog]}"
     end
 
     def title_line
@@ -500,7 +500,7 @@ module BlackbuckBench
       <<~GP
         set terminal pngcairo size #{width},#{height} font "DejaVu Sans,11" noenhanced
         set output "#{png}"
-        set multiplot layout #{panels.size},1 title "Bars: median of the runs, whiskers: min–max (mixed: p50–max)\\n#{@report.title_line}\\n#{@report.load_line}" font ",12"
+        set multiplot layout #{panels.size},1 title "Bars: median of the runs, whiskers: min–max (mixed: p50–max)\\n#{gp_text(@report.title_line)}\\n#{gp_text(@report.load_line)}" font ",12"
         set style data histogram
         set style histogram errorbars gap 1.5 lw 1
         set style fill solid 0.9 border -1
@@ -518,5 +518,9 @@ module BlackbuckBench
     end
 
     def app_title(app) = WORKLOADS.find { |w| w.name == app }&.title || app
+
+    # Text inside a gnuplot double-quoted string: gnuplot runs what is between backquotes as a shell
+    # command, and a double quote or backslash would end or bend the string.
+    def gp_text(text) = text.tr("`", "'").gsub(/["\\]/) { |c| "\\#{c}" }
   end
 end
