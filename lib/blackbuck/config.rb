@@ -67,7 +67,7 @@ module Blackbuck
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off
       max_memory_per_child: 0,        # KiB of RSS after which a worker is recycled; 0 = off
-      sched_batch: true,              # workers run under SCHED_BATCH (Linux): no wake-up preemption, fewer switches
+      sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
       early_hints: false,             # offer rack.early_hints (103) to apps; off: nginx < 1.29 and most proxies

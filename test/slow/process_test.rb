@@ -214,26 +214,26 @@ class OobGCTest < ServerTest
   end
 end
 
-# sched_batch: workers are SCHED_BATCH tasks (policy 3 in /proc/PID/stat, field 41); the master
-# stays a normal task; --no-sched-batch leaves workers normal (0).
+# sched_batch (off by default): with --sched-batch workers are SCHED_BATCH tasks (policy 3 in
+# /proc/PID/stat, field 41) and the master stays a normal task; by default every process is normal (0).
 class SchedBatchTest < ServerTest
   SCHED_OTHER = 0
   SCHED_BATCH = 3
 
   def policy(pid) = Integer(File.read("/proc/#{pid}/stat").split(") ").last.split[38])
 
-  def test_workers_run_as_batch_tasks_by_default_and_the_master_does_not
+  def test_sched_batch_makes_workers_batch_tasks_and_not_the_master
     skip "no /proc here" unless File.exist?("/proc/self/stat")
-    server = start_server(["-l", "127.0.0.1:0"], workers: 2)
+    server = start_server(["-l", "127.0.0.1:0", "--sched-batch"], workers: 2)
     assert_equal [SCHED_BATCH, SCHED_BATCH], server.worker_pids.map { |p| policy(p) }
     assert_equal SCHED_OTHER, policy(server.pid)
     # and they serve as usual
     assert_equal 200, request(server.tcp, "GET", "/").status
   end
 
-  def test_no_sched_batch_keeps_workers_normal
+  def test_workers_are_normal_tasks_by_default
     skip "no /proc here" unless File.exist?("/proc/self/stat")
-    server = start_server(["-l", "127.0.0.1:0", "--no-sched-batch"], workers: 1)
+    server = start_server(["-l", "127.0.0.1:0"], workers: 1)
     assert_equal [SCHED_OTHER], server.worker_pids.map { |p| policy(p) }
   end
 end

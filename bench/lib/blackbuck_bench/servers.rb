@@ -280,9 +280,9 @@ module BlackbuckBench
 
     BASE = [
       blackbuck("blackbuck", "bundle exec exe/blackbuck -w N -l 127.0.0.1:PORT -l unix:PATH, defaults (keep-alive on)"),
-      blackbuck("blackbuck-normal-sched",
-                "blackbuck as above with --no-sched-batch: workers as normal tasks, to show what sched_batch adds",
-                "--no-sched-batch", variant: true),
+      blackbuck("blackbuck-batch",
+                "blackbuck as above with --sched-batch: workers as SCHED_BATCH tasks, to show what sched_batch adds",
+                "--sched-batch", variant: true),
       blackbuck("blackbuck-no-handoff",
                 "blackbuck as above with --handoff-after 0: connections never move between workers",
                 "--handoff-after", "0", variant: true),
@@ -300,7 +300,7 @@ module BlackbuckBench
       ) { |ctx| unicorn_command(ctx) },
       Recipe.new(
         name: "unicorn-batch",
-        summary: "unicorn as above, started under `chrt -b 0` (SCHED_BATCH, like blackbuck's workers): like for like",
+        summary: "unicorn as above, started under `chrt -b 0` (SCHED_BATCH, like blackbuck --sched-batch): like for like",
         executable: -> { which("unicorn") && which("chrt") },
         worker_re: /unicorn.*worker\[\d+\]/,
         ready_re: /worker=\d+ ready/,
