@@ -93,10 +93,10 @@ module Blackbuck
     end
 
     # threads > 1: the app runs on an AppPool's threads; this thread keeps the loop. A request handed
-    # over (#run) is theirs until #finished gives it back: the worker took it out of its poller and
-    # its timeouts. The scoreboard slot shows the request that has run longest (#publish_running: the
-    # master's timeout watches it) and how many threads are free (#publish_free: other workers move
-    # their queued requests here while there are any).
+    # over (#run) is theirs until #finished gives it back: the worker's timeouts skip it, and it stays
+    # in the poller unless it stirs (Connections#on_event). The scoreboard slot shows the request that
+    # has run longest (#publish_running: the master's timeout watches it) and whether a thread is free
+    # (#publish_free: other workers move their queued requests here while one is).
     class Threads
       attr_reader :busy, :size
 
