@@ -163,7 +163,7 @@ module Blackbuck
                   "(default %{default}; Kubernetes)")
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
         o.on("--[no-]oob-gc-auto", "run a minor GC between requests when GC.stat says one is near", &set(:oob_gc_auto))
-        o.on("--max-memory-per-child KIB", "recycle a worker whose RSS passes KIB (0 = off)", &set(:max_memory_per_child))
+        o.on("--max-memory-per-child KIB", "recycle a worker whose USS (its private memory) passes KIB (0 = off)", &set(:max_memory_per_child))
         defaulted(o, :sched_batch, "--[no-]sched-batch",
                   "run workers under SCHED_BATCH on Linux (default %{default}; see docs/CONFIGURATION.md)")
         defaulted(o, :handoff_after, "--handoff-after SEC",

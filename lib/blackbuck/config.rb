@@ -66,7 +66,7 @@ module Blackbuck
       oob_gc: 0,                      # run GC between requests every N requests; 0 = off
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off
-      max_memory_per_child: 0,        # KiB of RSS after which a worker is recycled; 0 = off
+      max_memory_per_child: 0,        # KiB of USS (private pages) after which a worker is recycled; 0 = off
       sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)

@@ -3,22 +3,53 @@
 require "etc"
 
 module Blackbuck
-  # A worker's memory between requests: max_memory_per_child (its RSS, read after requests and on
-  # ticks) and out-of-band GC (oob_gc, oob_gc_auto: a collection between requests rather than
+  # A worker's memory between requests: max_memory_per_child (its USS, looked at after requests and
+  # on ticks) and out-of-band GC (oob_gc, oob_gc_auto: a collection between requests rather than
   # inside one). The worker asks; it decides when to stop and when the loop is idle enough to GC.
+  #
+  # The limit counts USS, the pages only this worker maps (Private_Clean + Private_Dirty in
+  # smaps_rollup): what the worker alone costs, what the machine gets back when it exits. RSS also
+  # counts the copy-on-write pages it still shares with the master and its siblings (the preloaded
+  # app), so a worker of a big app would be over an RSS limit from birth while costing little.
   class Memory
     PAGE_KIB = Etc.sysconf(Etc::SC_PAGESIZE) / 1024
-    CHECK_SECONDS = 0.01      # RSS is read at most this often while requests are served
+    CHECK_SECONDS = 0.01      # memory is looked at no more often than this while requests are served
+    USS_COST_SHARE = 0.01     # share of a worker's time that re-reading USS may take (#uss_due?)
     OOB_GC_FREE_SLOTS = 0.1   # fraction of live slots: fewer free slots than this and a GC is near
     OOB_GC_MALLOC = 0.9       # fraction of the malloc limit that counts as near
 
-    attr_reader :limit_kib # max_memory_per_child, KiB (0: none)
+    # What max_memory_per_child counts here: :uss (Linux >= 4.14), :rss (an older kernel) or nil (no
+    # /proc: the limit is not enforced). proc: the process's /proc directory (tests pass a fake one).
+    def self.measure(proc = "/proc/self")
+      if File.readable?("#{proc}/smaps_rollup") then :uss
+      elsif File.readable?("#{proc}/statm") then :rss
+      end
+    end
 
-    def initialize(config)
+    # The master's boot line with max_memory_per_child set, so the log says once what is counted.
+    def self.describe(limit_kib, proc = "/proc/self")
+      case measure(proc)
+      when :uss then "max_memory_per_child #{limit_kib} KiB of USS (a worker's private pages, from smaps_rollup)"
+      when :rss then "max_memory_per_child #{limit_kib} KiB of RSS (no smaps_rollup here, Linux < 4.14: " \
+                     "pages shared with the master count too)"
+      else "max_memory_per_child #{limit_kib} KiB is not enforced: no /proc here"
+      end
+    end
+
+    attr_reader :limit_kib # max_memory_per_child, KiB (0: none)
+    attr_reader :measure   # what the limit counts: :uss, or :rss without smaps_rollup (Memory.measure)
+
+    def initialize(config, proc: "/proc/self")
       @oob_gc = config[:oob_gc]
       @oob_gc_auto = config[:oob_gc_auto]
       @limit_kib = config[:max_memory_per_child]
-      @check_at = 0.0 # when RSS is read next after a request (#check_due?)
+      @proc = proc
+      @measure = @limit_kib.positive? ? Memory.measure(proc) : nil
+      @limit_kib = 0 unless @measure # nothing to read: nothing to check
+      @check_at = 0.0 # when memory is looked at next after a request (#check_due?)
+      @uss = nil      # the last USS read, KiB, ...
+      @uss_rss = 0    # ... the RSS read just before it, KiB ...
+      @uss_at = 0.0   # ... and when USS is re-read even if RSS has not grown (#uss_due?)
     end
 
     # Whether a request served has anything to do here at all.
@@ -30,18 +61,31 @@ module Blackbuck
       (@oob_gc.positive? && (served % @oob_gc).zero?) || (@oob_gc_auto && gc_near?)
     end
 
-    # After a request at `now`: is RSS to be read (CHECK_SECONDS apart at most)?
+    # After a request at `now`: is memory to be looked at (CHECK_SECONDS apart at most)?
     def check_due?(now) = @limit_kib.positive? && now >= @check_at
 
-    # RSS in KiB when it is over max_memory_per_child, else nil. Read at `now`.
+    # USS in KiB (RSS without smaps_rollup) when it is over max_memory_per_child, else nil. At `now`.
+    #
+    # statm (RSS) costs ~10 us to read; smaps_rollup 1 ms for a 100 MB Ruby process and 2-2.7 ms
+    # for a forked one of 100-150 MB sharing most of its pages (measured 2026-11-26, 2 busy cores),
+    # as the kernel walks every page table to sort shared pages from private ones. So RSS comes first.
+    # Every page counted in USS is resident and counted in RSS too (smaps' Rss is the sum of
+    # Shared_Clean, Shared_Dirty, Private_Clean and Private_Dirty), so USS <= RSS, and a worker under
+    # the limit by RSS is under it by USS: the common case reads statm alone. (statm's count comes
+    # from counters the kernel batches per CPU, a few pages behind at most: seen that much later.)
     def over_limit(now)
       return if @limit_kib.zero?
 
       @check_at = now + CHECK_SECONDS
-      rss = File.read("/proc/self/statm").split[1].to_i * PAGE_KIB
-      rss if rss > @limit_kib
+      rss = read_kib("statm") { |s| s.split[1].to_i * PAGE_KIB }
+      return if rss <= @limit_kib
+      return rss if @measure == :rss
+      return unless uss_due?(now, rss)
+
+      uss = read_uss(now, rss)
+      uss if uss > @limit_kib
     rescue SystemCallError
-      @limit_kib = 0 # no /proc here: nothing to check
+      @limit_kib = 0 # /proc went away: nothing to check
       nil
     end
 
@@ -52,16 +96,39 @@ module Blackbuck
       GC.start(full_mark: full, immediate_sweep: full)
     end
 
-    # With max_memory_per_child, the exit line says how far RSS went: " (peak RSS N KiB)".
+    # With max_memory_per_child, the exit line says how far RSS went: " (peak RSS N KiB)" (the kernel
+    # keeps the peak of RSS, VmHWM; there is no such peak of USS).
     def peak
       return "" if @limit_kib.zero?
 
-      " (peak RSS #{File.read('/proc/self/status')[/^VmHWM:\s*(\d+)/, 1]} KiB)"
+      " (peak RSS #{File.read("#{@proc}/status")[/^VmHWM:\s*(\d+)/, 1]} KiB)"
     rescue SystemCallError
       ""
     end
 
     private
+
+    # RSS over the limit: is USS worth reading again? Yes the first time; then when RSS has grown
+    # past the last USS's headroom (new pages may all be private: a leak is seen as soon as by RSS),
+    # or when USS_COST_SHARE of the time since the last read has paid for one more (pages shared
+    # with the master turn private without RSS moving, as the worker writes to them: copy on
+    # write). A worker that only shares pages is so read a few times a second at most.
+    def uss_due?(now, rss)
+      @uss.nil? || @uss + (rss - @uss_rss) > @limit_kib || now >= @uss_at
+    end
+
+    def read_uss(now, rss)
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      @uss = read_kib("smaps_rollup") { |s| s[/^Private_Clean:\s*(\d+)/, 1].to_i + s[/^Private_Dirty:\s*(\d+)/, 1].to_i }
+      @uss_rss = rss
+      @uss_at = now + ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - started) / USS_COST_SHARE)
+      @uss
+    rescue SystemCallError # readable at start, not now: RSS still is (the stop line will say RSS)
+      @measure = :rss
+      rss
+    end
+
+    def read_kib(name) = yield(File.read("#{@proc}/#{name}"))
 
     # Would the next allocations trigger a GC anyway? (GC.stat(key) allocates nothing.)
     def gc_near?

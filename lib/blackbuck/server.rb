@@ -2,6 +2,7 @@
 
 require "fcntl"
 require "rack"
+require_relative "memory"
 
 module Blackbuck
   # Boots a server from a finished Config and a built app; shared by the CLI and the rack
@@ -30,6 +31,7 @@ module Blackbuck
                   "#{" x #{config[:threads]} app threads" if config[:threads] > 1}, parser #{Native.http_impl}, pid #{Process.pid}" \
                   "#{", config #{config[:config_file]}" if config[:config_file]}")
       logger.info(timeout_line(config))
+      logger.info(Memory.describe(config[:max_memory_per_child])) if config[:max_memory_per_child].positive?
       write_pid(config[:pid])
       supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
                                   old_workers: Reexec.old_workers(env), notify: SystemdNotify.from_env(env))

@@ -377,13 +377,14 @@ module Blackbuck
       @conns.empty? && !@balancer.take_left_over
     end
 
-    # max_memory_per_child: a worker whose RSS has grown past the limit stops taking work at once,
-    # finishes its connections and exits; the master starts a fresh one. RSS is read after a request
-    # (where memory grows), Memory::CHECK_SECONDS apart at most, and on every tick.
+    # max_memory_per_child: a worker whose USS (its private pages; RSS where the kernel cannot say)
+    # has grown past the limit stops taking work at once, finishes its connections and exits; the
+    # master starts a fresh one. Memory is looked at after a request (where it grows),
+    # Memory::CHECK_SECONDS apart at most, and on every tick.
     def check_memory
-      return unless (rss = @memory.over_limit(@woke_at))
+      return unless (kib = @memory.over_limit(@woke_at))
 
-      begin_graceful_stop("RSS #{rss} KiB is over max_memory_per_child (#{@memory.limit_kib} KiB)")
+      begin_graceful_stop("#{@memory.measure.upcase} #{kib} KiB is over max_memory_per_child (#{@memory.limit_kib} KiB)")
     end
   end
 end

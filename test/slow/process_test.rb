@@ -167,16 +167,77 @@ class IdleCPUTest < ServerTest
   end
 end
 
+# max_memory_per_child counts USS: the pages a worker alone maps, not those it shares with the
+# master. shared_heap.ru's master holds 64 MiB of strings made before the fork.
 class MemoryRecyclingTest < ServerTest
+  SHARED_LIMIT = 40_000 # KiB: under a shared_heap.ru worker's RSS (64 MiB shared and more), over its USS
+
   def test_worker_over_max_memory_is_recycled
     server = start_server(["-l", "127.0.0.1:0", "--max-memory-per-child", "1024"]) # 1 MiB: always over
     first = server.worker_pids.first
     Timeout.timeout(15) { sleep 0.1 until (server.worker_pids - [first]).any? }
-    assert_match(/worker 0 \(pid #{first}\) stopping: RSS \d+ KiB is over max_memory_per_child \(1024 KiB\)/, server.log)
+    assert_match(/worker 0 \(pid #{first}\) stopping: USS \d+ KiB is over max_memory_per_child \(1024 KiB\)/, server.log)
     io = server.tcp
     assert_equal 200, request(io, "GET", "/").status, "requests are still served while workers recycle"
   ensure
     io&.close
+  end
+
+  # What /proc says a worker maps, KiB: its RSS and USS (Private_Clean + Private_Dirty).
+  def rss_and_uss(pid)
+    rollup = File.read("/proc/#{pid}/smaps_rollup")
+    kib = ->(field) { rollup[/^#{field}:\s*(\d+)/, 1].to_i }
+    [kib.call("Rss"), kib.call("Private_Clean") + kib.call("Private_Dirty")]
+  end
+
+  def pid_of(res) = Integer(res.body[/pid=(\d+)/, 1])
+
+  def get(server, path)
+    io = server.tcp
+    request(io, "GET", path)
+  ensure
+    io&.close
+  end
+
+  # A worker over the limit by RSS only because it shares the master's pages costs little: it is
+  # never recycled. (By RSS, as before, it was recycled after its first request.)
+  def test_a_worker_that_only_shares_pages_is_never_recycled
+    skip "no /proc/self/smaps_rollup (Linux < 4.14)" unless File.readable?("/proc/self/smaps_rollup")
+    server = start_server(["-l", "127.0.0.1:0", "--max-memory-per-child", SHARED_LIMIT.to_s], app: "shared_heap.ru")
+    worker = server.worker_pids.first
+    200.times do |i|
+      res = get(server, "/")
+      assert_equal 200, res.status
+      assert_equal worker, pid_of(res), "request #{i + 1} went to another worker:\n#{server.log}"
+    end
+    rss, uss = rss_and_uss(worker)
+    assert_operator rss, :>, SHARED_LIMIT, "the premise: the worker is over the limit by RSS"
+    assert_operator uss, :<, SHARED_LIMIT, "the premise: the worker is under the limit by USS"
+    refute_match(/over max_memory_per_child/, server.log)
+    assert_equal [worker], server.worker_pids
+    assert_match(/max_memory_per_child #{SHARED_LIMIT} KiB of USS/, server.log, "the master says what is counted")
+  end
+
+  # The same app leaking 1 MiB a request: its USS grows, and passes the limit after about as many
+  # requests as the room USS had left (in MiB); the stop line names USS.
+  def test_a_worker_that_leaks_is_recycled_by_uss
+    skip "no /proc/self/smaps_rollup (Linux < 4.14)" unless File.readable?("/proc/self/smaps_rollup")
+    server = start_server(["-l", "127.0.0.1:0", "--max-memory-per-child", SHARED_LIMIT.to_s], app: "shared_heap.ru")
+    worker = server.worker_pids.first
+    _, uss = rss_and_uss(worker)
+    room = (SHARED_LIMIT - uss) / 1024 # requests of 1 MiB before it is over
+    leaks = 0
+    wait_for(60, "the leaking worker recycled") do
+      leaks += 1 if pid_of(get(server, "/?leak=1024")) == worker
+      (server.worker_pids - [worker]).any?
+    end
+    assert_match(/worker 0 \(pid #{worker}\) stopping: USS \d+ KiB is over max_memory_per_child \(#{SHARED_LIMIT} KiB\)/,
+                 server.log)
+    over = Integer(server.log[/\(pid #{worker}\) stopping: USS (\d+) KiB/, 1])
+    assert_operator over, :>, SHARED_LIMIT
+    assert_operator leaks, :>=, room / 2, "recycled after #{leaks} leaks of 1 MiB; USS had room for #{room}"
+    wait_for(60, "the worker's exit line") { server.log[/\(pid #{worker}\) exiting after \d+ requests \(peak RSS \d+ KiB\)/] }
+    assert_equal 200, get(server, "/").status, "a fresh worker serves"
   end
 end
 
