@@ -36,6 +36,9 @@ module Blackbuck
       control_r, control_w = IO.pipe
       @config[:before_fork]&.call(@server, index)
       pid = fork do
+        # The master's traps first: one of them arriving after the block below closed the master's
+        # wake-up pipe would raise here, outside run_worker's rescue, and run the master's code.
+        @traps.each { |sig| trap(sig, "DEFAULT") }
         control_w.close
         @crash_r.close
         yield
@@ -59,7 +62,6 @@ module Blackbuck
     private
 
     def run_worker(index, control)
-      @traps.each { |sig| trap(sig, "DEFAULT") }
       batch_scheduling if @config[:sched_batch] # before the hook, so threads it starts inherit it
       hook = "after_fork"
       @config[:after_fork]&.call(@server, index)
