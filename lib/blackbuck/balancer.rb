@@ -27,8 +27,8 @@ module Blackbuck
     # The receive end's fd (the loop hands its events to #adopt_one), or nil without hand-off.
     attr_reader :fd, :moved_in
 
-    # worker: the loop (pause_accepting, woke_at); conns: its Connections (table, [], take, drop,
-    # unwatch). socket: [send end, receive end] of the generation's hand-off pair, or nil.
+    # worker: the loop (pause_accepting, woke_at); conns: its Connections (table, [], take, moved_away,
+    # drop). socket: [send end, receive end] of the generation's hand-off pair, or nil.
     def initialize(worker, conns, runner, config, scoreboard, logger, index, socket)
       @worker = worker
       @conns = conns
@@ -178,8 +178,7 @@ module Blackbuck
         next false unless conn.pass_request(@pass_fd)
 
         @moved_out += 1
-        @conns.unwatch(conn) # (epoll forgets a socket only once every holder has closed it)
-        @conns.drop(conn)
+        @conns.moved_away(conn)
         true
       end
     end
@@ -200,8 +199,7 @@ module Blackbuck
         conn = @conns[fd]
         next unless conn&.moved?
 
-        @poller.delete(fd)
-        @conns.drop(conn)
+        @conns.moved_away(conn)
       end
     end
 
@@ -220,8 +218,7 @@ module Blackbuck
       return false unless conn.pass(@pass_fd)
 
       @moved_out += 1
-      @conns.unwatch(conn)
-      @conns.drop(conn)
+      @conns.moved_away(conn)
       true
     end
 

@@ -164,6 +164,13 @@ module Blackbuck
       conn.close
     end
 
+    # A connection another worker owns now (sent over the hand-off socket): out of this worker's
+    # poller first, since epoll forgets a socket only once every holder has closed it, then forgotten.
+    def moved_away(conn)
+      unwatch(conn)
+      drop(conn)
+    end
+
     # rack.hijack: the app takes the socket. The worker stops watching and tracking it, so a
     # hijacked connection (a WebSocket) never counts as work in flight when the worker stops.
     # (Called from Response's rack.hijack, before the app gets the socket. App threads hijack a

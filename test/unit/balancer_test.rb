@@ -28,6 +28,11 @@ class BalancerTest < Minitest::Test
 
     def drop(conn) = @dropped << conn
     def unwatch(conn) = @unwatched << conn
+
+    def moved_away(conn)
+      unwatch(conn)
+      drop(conn)
+    end
     def pause_accepting = @paused += 1
     def take(conn, seconds, woke_at, moved) = @taken << [conn, seconds, woke_at, moved]
     def table = self # (its size)
