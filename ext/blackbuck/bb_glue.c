@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <malloc.h>
+#include <sys/prctl.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -257,6 +259,49 @@ static VALUE native_sched_batch(VALUE self)
 #endif
 }
 
+/*
+ * Native.malloc_trim -> true | false: gives the C heap's free pages back to the kernel
+ * (glibc's malloc_trim(0)); false when nothing was released or the allocator is not glibc's
+ * (jemalloc returns memory itself). Before a fork, so workers do not inherit dirty free pages.
+ */
+static VALUE native_malloc_trim(VALUE self)
+{
+#ifdef __GLIBC__
+    return malloc_trim(0) ? Qtrue : Qfalse;
+#else
+    return Qfalse;
+#endif
+}
+
+/*
+ * Native.malloc_arena_max(n) -> true | false: caps glibc's malloc arenas (mallopt M_ARENA_MAX),
+ * as MALLOC_ARENA_MAX=n in the environment would; each app thread otherwise may get an arena of
+ * its own (8 per core), and their free pages add up. false where glibc is not the allocator.
+ */
+static VALUE native_malloc_arena_max(VALUE self, VALUE n)
+{
+#if defined(__GLIBC__) && defined(M_ARENA_MAX)
+    return mallopt(M_ARENA_MAX, NUM2INT(n)) == 1 ? Qtrue : Qfalse;
+#else
+    return Qfalse;
+#endif
+}
+
+/*
+ * Native.child_subreaper -> true | false: makes the calling process (the master) the parent of
+ * every orphaned descendant (PR_SET_CHILD_SUBREAPER), so a worker the mold forks becomes the
+ * master's child once the mold's short-lived middle process exits, and the master reaps it.
+ * false where the kernel has no such flag (before Linux 3.4): then reforking is off.
+ */
+static VALUE native_child_subreaper(VALUE self)
+{
+#ifdef PR_SET_CHILD_SUBREAPER
+    return prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 ? Qtrue : Qfalse;
+#else
+    return Qfalse;
+#endif
+}
+
 /* Native.logger = logger: the object (#warn(String)) the C side reports trouble to. */
 static VALUE native_set_logger(VALUE self, VALUE l)
 {
@@ -284,4 +329,7 @@ void bb_init_glue(void)
     rb_define_module_function(bb_mNative, "defer_accept", native_defer_accept, 2);
     rb_define_module_function(bb_mNative, "sched_batch", native_sched_batch, 0);
     rb_define_module_function(bb_mNative, "logger=", native_set_logger, 1);
+    rb_define_module_function(bb_mNative, "malloc_trim", native_malloc_trim, 0);
+    rb_define_module_function(bb_mNative, "malloc_arena_max", native_malloc_arena_max, 1);
+    rb_define_module_function(bb_mNative, "child_subreaper", native_child_subreaper, 0);
 }
