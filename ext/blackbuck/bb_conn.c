@@ -392,7 +392,17 @@ static VALUE conn_pass(VALUE self, VALUE sock)
 {
     struct conn *c = get_conn(self);
     if (c->fd < 0) return Qfalse;
-    return bb_conn_pass(c->fd, NUM2INT(sock), mono_now(), 1) == 1 ? Qtrue : Qfalse;
+    return bb_conn_pass(c->fd, NUM2INT(sock), mono_now(), BB_PASS_OWNER) == 1 ? Qtrue : Qfalse;
+}
+
+/* pass_idle(sock_fd) -> as #pass, for a connection whose next request has not begun too: a worker
+ * that retires while its siblings serve on moves its idle keep-alive connections to them
+ * (Balancer#move_idle) rather than close them under a client that may be sending. */
+static VALUE conn_pass_idle(VALUE self, VALUE sock)
+{
+    struct conn *c = get_conn(self);
+    if (c->fd < 0) return Qfalse;
+    return bb_conn_pass(c->fd, NUM2INT(sock), mono_now(), BB_PASS_IDLE) == 1 ? Qtrue : Qfalse;
 }
 
 /* pass_request(sock_fd) -> true when the connection went to another worker over sock_fd with the
@@ -564,6 +574,7 @@ void bb_init_conn(void)
     rb_define_singleton_method(cConn, "accept", conn_s_accept, -1);
     rb_define_singleton_method(cConn, "receive", conn_s_receive, -1);
     rb_define_method(cConn, "pass", conn_pass, 1);
+    rb_define_method(cConn, "pass_idle", conn_pass_idle, 1);
     rb_define_method(cConn, "pass_request", conn_pass_request, 1);
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);

@@ -50,6 +50,9 @@ enum bb_conn_state {
  * connection waiting between requests. owner: the caller is the thread that owns the connection (it
  * need not be in the poller). 1 moved, 0 not such a connection, -1 with errno. Called without the
  * GVL by the watcher. */
+#define BB_PASS_WATCHER 0 /* bb_conn_pass's owner: the hand-off watcher thread */
+#define BB_PASS_OWNER 1   /* ... the loop thread that owns the connection, a request waiting on it */
+#define BB_PASS_IDLE 2    /* ... the loop thread of a retiring worker: a request waiting, or none yet */
 int bb_conn_pass(int fd, int sock, double now, int owner);
 /* With the GVL: logs a run of failed hand-off sends once, when one began since the last move that
  * went through (bb_conn_pass may fail on the watcher thread, which cannot log). */

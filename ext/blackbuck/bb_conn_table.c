@@ -35,11 +35,13 @@ int bb_conn_table_grow(int fd)
 
 /*
  * bb_conn_pass(fd, sock, now, owner): called by the hand-off watcher thread while the worker's
- * Ruby thread runs the app (never touches Ruby; owner 0: only a connection in the poller), or by the
- * loop thread that owns the connection (owner 1: Conn#pass, with app threads). When fd is a connection waiting between requests
- * (IDLE, nothing of it read into user space, no output queued, no PROXY header due), sends it over
- * sock (bb_pass_send) and marks it moved: 1. Not such a connection (or no byte of a request is
- * there: the client closed): 0. The send failed: -1 with errno (EAGAIN: the queue is full).
+ * Ruby thread runs the app (never touches Ruby; owner BB_PASS_WATCHER: only a connection in the
+ * poller), or by the loop thread that owns the connection (BB_PASS_OWNER: Conn#pass, with app
+ * threads; BB_PASS_IDLE: Conn#pass_idle, a retiring worker's idle connections, whose next request
+ * has not begun). When fd is a connection waiting between requests (IDLE, nothing of it read into
+ * user space, no output queued, no PROXY header due) with a request waiting (BB_PASS_IDLE: or none
+ * yet), sends it over sock (bb_pass_send) and marks it moved: 1. Not such a connection (or the
+ * client closed): 0. The send failed: -1 with errno (EAGAIN: the queue is full).
  */
 /* Readable is not enough: a client that closed is readable too (end of input), and the worker
  * drops it itself rather than another worker taking it to read nothing. At least one byte waits. */
@@ -47,6 +49,15 @@ static int request_waiting(int fd)
 {
     char b;
     return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* 1: a byte waits; 0: nothing yet (the client is quiet); -1: the client closed, or the socket failed. */
+static int peer_state(int fd)
+{
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0) return 1;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
 }
 
 /* What travels with c's socket: where it came from, how many requests it has had, since when its
@@ -96,12 +107,13 @@ int bb_conn_pass(int fd, int sock, double now, int owner)
 {
     struct conn *c;
     struct bb_pass p;
-    int r = 0, err = 0;
+    int r = 0, err = 0, waiting = 0;
     pthread_mutex_lock(&bb_conn_table.lock);
     c = fd >= 0 && fd < bb_conn_table.cap ? bb_conn_table.by_fd[fd] : NULL;
     if (c && c->fd == fd && !c->moved && __atomic_load_n(&c->state, __ATOMIC_RELAXED) == BB_CONN_IDLE &&
-        c->off == c->len && !queued(c) && !c->proxy && (c->watched || owner) && request_waiting(fd)) {
-        pass_record(c, &p, now);
+        c->off == c->len && !queued(c) && !c->proxy && (c->watched || owner != BB_PASS_WATCHER) &&
+        (owner == BB_PASS_IDLE ? (waiting = peer_state(fd)) >= 0 : (waiting = request_waiting(fd)))) {
+        pass_record(c, &p, waiting ? now : 0); /* 0: no request waits yet (its queue time starts when one comes) */
         r = bb_pass_send(sock, fd, &p, NULL, 0);
         err = errno;
         pass_sent(r, err);

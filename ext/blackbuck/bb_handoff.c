@@ -96,7 +96,7 @@ static void move_waiting(struct handoff *h, int64_t t)
     if (__atomic_load_n(&h->in_app, __ATOMIC_SEQ_CST)) {
         n = bb_poller_peek(h->pl, fds, BB_HANDOFF_PEEK_MAX);
         for (i = 0; i < n && h->nmoved < BB_HANDOFF_MOVED_MAX && turn < BB_HANDOFF_MOVES_PER_TURN; i++) {
-            int r = bb_conn_pass(fds[i], h->sock, (double)t / 1e9, 0);
+            int r = bb_conn_pass(fds[i], h->sock, (double)t / 1e9, BB_PASS_WATCHER);
             /* The queue is full, or the send failed (counted, and logged at request_done): it and
              * the rest stay here. */
             if (r < 0) break;

@@ -641,6 +641,15 @@ static VALUE conn_s_stopping(VALUE klass)
     return Qnil;
 }
 
+/* Conn.serving!: this process serves (a worker forked from the mold, whose flag was set when the
+ * mold stopped serving as a worker): responses keep connections alive again. */
+static VALUE conn_s_serving(VALUE klass)
+{
+    (void)klass;
+    __atomic_store_n(&stopping, 0, __ATOMIC_RELAXED);
+    return Qnil;
+}
+
 void bb_init_respond(void)
 {
     VALUE cConn = bb_cConn;
@@ -655,4 +664,5 @@ void bb_init_respond(void)
     rb_define_method(cConn, "write_hints", conn_write_hints, 1);
     rb_define_method(cConn, "detach", conn_detach, 0);
     rb_define_singleton_method(cConn, "stopping!", conn_s_stopping, 0);
+    rb_define_singleton_method(cConn, "serving!", conn_s_serving, 0);
 }

@@ -41,6 +41,7 @@ module Blackbuck
       @socket = socket if socket && config[:handoff_after].positive?
       @handoff_after = config[:handoff_after]
       @header_timeout = config[:header_timeout]
+      @keepalive_timeout = config[:keepalive_timeout]
       @max_connections = config[:max_connections]
       @size = runner.size
       # A full round waits here, not fewer: a request moved to the hand-off socket queues behind the
@@ -83,7 +84,7 @@ module Blackbuck
       @scoreboard.moves(@index, moved_out, @moved_in) if @fd
     end
 
-    def moved_out = @watcher ? @watcher.moved_out : @moved_out
+    def moved_out = @watcher ? @watcher.moved_out + @moved_out : @moved_out
 
     # The worker stops: it takes no moved connection to queue for its threads any more (#pass_on,
     # #adopt_while_room); what is left on the socket it still takes (#adopt_one, #take_left_over).
@@ -142,6 +143,26 @@ module Blackbuck
         return if adopt.nil? # none left (or too few descriptors: #intake(false) marked it unseen again)
       end
       @unseen = true # more may wait than there was room for
+    end
+
+    # The worker retires while its siblings serve on (Worker#retire): each idle connection (nothing of
+    # a next request read yet) moves to the hand-off socket, where a sibling takes it, and this worker
+    # takes none back. One that cannot move (the socket's queue is full) drains here as before.
+    # How many moved.
+    def move_idle
+      return 0 unless @socket
+
+      intake(false)
+      sender = @socket[0].fileno
+      moved = 0
+      @table.values.each do |conn|
+        next unless conn.state == Connections::IDLE && conn.buffered.zero? && conn.pass_idle(sender)
+
+        @conns.moved_away(conn)
+        moved += 1
+      end
+      @moved_out += moved
+      moved
     end
 
     # A stopping worker with no connection left takes what is still on the hand-off socket, one per
@@ -235,7 +256,8 @@ module Blackbuck
         @shortage.over { |n, secs| "hand-off: taking moved connections again (#{n} refused over #{secs} s)" }
       end
       @moved_in += 1
-      @conns.take(conn, @header_timeout, @worker.woke_at, true)
+      # one that served requests is a keep-alive connection (a retiring worker's idle one, #move_idle)
+      @conns.take(conn, conn.requests.positive? ? @keepalive_timeout : @header_timeout, @worker.woke_at, true)
       conn
     rescue Errno::EMFILE, Errno::ENFILE, Errno::ECONNABORTED => e
       short_of_descriptors(e)

@@ -11,8 +11,9 @@ module Blackbuck
     include Enumerable
 
     # index: its scoreboard slot; control: the write end of its control pipe; ready: it has taken
-    # its slot (booted) since it was forked (Respawn#booted).
-    Child = Struct.new(:index, :pid, :control, :started_at, :ready)
+    # its slot (booted) since it was forked (Respawn#booted); generation: the refork generation it
+    # belongs to (Refork; 0 without reforking); origin: who forked it, :master or :mold.
+    Child = Struct.new(:index, :pid, :control, :started_at, :ready, :generation, :origin)
 
     # old_workers: pid => control IO (or nil), the workers a previous image handed over (Reexec).
     def initialize(scoreboard, logger, old_workers = {})
@@ -50,6 +51,13 @@ module Blackbuck
 
     # [[pid, control IO or nil], ...] of every worker, for the next image (Reexec.exec!).
     def for_exec = @workers.map { |pid, c| [pid, c.control] } + @old.to_a
+
+    # A worker that became the mold (Refork): no longer this image's worker (its slot is free for a
+    # new one), though still the master's child; its pipe is closed (the mold never reads it).
+    def release(child)
+      @workers.delete(child.pid)
+      child.control.close unless child.control.closed?
+    end
 
     def tell_stop(child, message = Worker::STOP_MESSAGE)
       child.control.write_nonblock(message, exception: false) unless child.control.closed?
@@ -95,8 +103,8 @@ module Blackbuck
 
     # Every worker that has exited, without waiting: one of the previous image's is logged and
     # forgotten; one of this image's is forgotten (its pipe closed) and yielded with its
-    # Process::Status.
-    def reap
+    # Process::Status. Any other child (a mold, Refork) goes to others with its status.
+    def reap(others: nil)
       loop do
         pid, status = Process.wait2(-1, Process::WNOHANG)
         break unless pid
@@ -107,7 +115,7 @@ module Blackbuck
           @logger.info("old worker (pid #{pid}) exited")
         end
         child = @workers.delete(pid)
-        next unless child
+        next others&.call(pid, status) unless child
 
         child.control.close unless child.control.closed?
         yield child, status

@@ -67,6 +67,8 @@ module Blackbuck
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off
       max_memory_per_child: 0,        # KiB of USS (private pages) after which a worker is recycled; 0 = off
+      refork_after: [],               # requests: a worker of generation g that has served refork_after[g] becomes
+                                      # the mold new workers fork from (docs/ARCHITECTURE.md, "Reforking"); [] = off
       sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
@@ -127,6 +129,7 @@ module Blackbuck
       when :shutdown_delay, :max_queue_time, :handoff_after then @values[key] = seconds(key, value, zero: true)
       when :max_headers then @values[key] = int(key, value, 1, 1000)
       when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
+      when :refork_after then @values[key] = request_steps(key, value)
       when :min_requests_per_child
         @values[key] = value.nil? ? nil : int(key, value, 0)
       when *HOOKS then @values[key] = hook(key, value)
@@ -231,6 +234,14 @@ module Blackbuck
       [prefix.end_with?("/") ? prefix : "#{prefix}/", dir].map(&:freeze).freeze
     end
 
+    # refork_after 50, 100, 1000 (or "50,100,1000" from -O): positive request counts, one per generation.
+    def request_steps(key, value)
+      list = value.is_a?(String) ? value.split(",").map(&:strip) : Array(value)
+      raise ConfigError, "#{key} must be a list of request counts (e.g. 50, 100, 1000), got #{value.inspect}" if list.empty? && !value.is_a?(Array)
+
+      list.map { |n| int(key, n, 1) }.freeze
+    end
+
     def hook(key, value)
       raise ConfigError, "#{key} must be a block or a Proc" unless value.respond_to?(:call)
 
@@ -274,7 +285,12 @@ module Blackbuck
         addresses.each { |a| @config.set(:listen_one, Listen.new(a.to_s, proxy_protocol)) }
       end
 
-      (DEFAULTS.keys - %i[listen config_file] - HOOKS).each do |key|
+      # refork_after 50, 100, 1000 (or one Array)
+      def refork_after(*counts)
+        @config.set(:refork_after, counts.size == 1 ? counts.first : counts)
+      end
+
+      (DEFAULTS.keys - %i[listen config_file refork_after] - HOOKS).each do |key|
         define_method(key) { |value| @config.set(key, value) }
       end
 

@@ -3,6 +3,7 @@
 require "socket"
 require_relative "children"
 require_relative "worker"
+require_relative "mold"
 
 module Blackbuck
   # Forks a worker for a scoreboard slot and runs it there: the master's traps undone, SCHED_BATCH,
@@ -11,8 +12,9 @@ module Blackbuck
   # when it reaps it (#crash_reason): the log line of a worker that cannot boot names the cause.
   class Spawner
     # server: what the hooks get as their first argument (the Supervisor); traps: the signals the
-    # master traps, set back to their defaults in the worker.
-    def initialize(server:, config:, app:, listeners:, scoreboard:, logger:, traps:)
+    # master traps, set back to their defaults in the worker; refork: the master's Refork (its
+    # announcement line goes to every worker: any may be told to become the mold).
+    def initialize(server:, config:, app:, listeners:, scoreboard:, logger:, traps:, refork: nil)
       @server = server
       @config = config
       @app = app
@@ -20,6 +22,7 @@ module Blackbuck
       @scoreboard = scoreboard
       @logger = logger
       @traps = traps
+      @refork = refork
       # Why a worker crashed, from the worker (one line each: "PID REASON"), for the master's log
       # line when workers cannot boot.
       @crash_r, @crash_w = IO.pipe
@@ -45,7 +48,15 @@ module Blackbuck
         run_worker(index, control_r)
       end
       control_r.close
-      Children::Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), false)
+      Children::Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), false,
+                          @refork&.generation || 0, :master)
+    end
+
+    # In a process the mold forked (Mold#fork_worker): runs the worker of slot index there, as #spawn's
+    # fork does; never returns.
+    def serve(index, control)
+      @traps.each { |sig| trap(sig, "DEFAULT") }
+      run_worker(index, control)
     end
 
     # In the master, once pid is reaped: why it crashed (what it wrote before it died), or nil.
@@ -66,9 +77,14 @@ module Blackbuck
       hook = "after_fork"
       @config[:after_fork]&.call(@server, index)
       hook = nil
-      Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
-                 scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit, handoff: @handoff).run
+      role = Worker.new(index: index, app: @app, config: @config, listeners: @listeners, control: control,
+                        scoreboard: @scoreboard, logger: @logger, requests_limit: requests_limit, handoff: @handoff,
+                        mold_line: @refork&.line).run
       flush_std
+      if role == :mold
+        hook = "the mold"
+        Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: index).run
+      end
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
       @logger.exception("worker #{index} crashed", e)

@@ -2,6 +2,7 @@
 
 require_relative "version"
 require_relative "request_counts"
+require_relative "memory"
 
 module Blackbuck
   # The numbers the status listener answers with, read when asked: every worker's scoreboard slot,
@@ -12,8 +13,9 @@ module Blackbuck
     STATE_NAMES = Native::Scoreboard::NAMES
 
     # children: the master's Children; listeners: its Listeners (their accept queues).
-    def initialize(children:, request_counts:, scoreboard:, listeners:)
+    def initialize(children:, request_counts:, scoreboard:, listeners:, refork: nil)
       @children = children
+      @refork = refork
       @request_counts = request_counts
       @scoreboard = scoreboard
       @listeners = listeners
@@ -35,6 +37,10 @@ module Blackbuck
       {
         "pid" => Process.pid,
         "version" => VERSION,
+        # Every process of the server with its role and what it costs (Memory.usage): the master, the
+        # mold (refork_after) and the workers (their USS is also in "workers").
+        "processes" => processes(workers),
+        "refork" => @refork&.status,
         "workers" => workers,
         "listeners" => listeners,
         "slots" => slots.map { |index, requests| { "index" => index, "requests" => requests } },
@@ -82,6 +88,8 @@ module Blackbuck
       {
         "index" => child.index,
         "pid" => child.pid,
+        "generation" => child.generation || 0,
+        "forked_by" => (child.origin || :master).to_s,
         "state" => started ? state_name(state, running_ms) : "starting",
         "requests" => started ? requests : 0,
         "connections" => started ? connections : 0,
@@ -96,6 +104,19 @@ module Blackbuck
         "moved_out" => own.moved_out,
         "moved_in" => own.moved_in
       }
+    end
+
+    def processes(workers)
+      list = [{ "role" => "master", "pid" => Process.pid, "generation" => nil }]
+      mold = @refork&.mold
+      list << { "role" => "mold", "pid" => mold.pid, "generation" => mold.generation } if mold
+      list.each { |p| p.merge!(Memory.usage(p["pid"]) || {}) }
+      workers.each do |w|
+        usage = Memory.usage(w["pid"]) || {}
+        w["uss_kib"] = usage["uss_kib"]
+        list << { "role" => "worker", "pid" => w["pid"], "generation" => w["generation"] }.merge!(usage)
+      end
+      list
     end
 
     # A slot is read without a lock: "busy" needs the request clock running too, so a read

@@ -11,6 +11,7 @@ require_relative "spawner"
 require_relative "respawn"
 require_relative "request_timeouts"
 require_relative "reload"
+require_relative "refork"
 
 module Blackbuck
   # The master process: forks workers from the preloaded app, keeps their number, replaces
@@ -34,8 +35,9 @@ module Blackbuck
       @request_counts = RequestCounts.new(@scoreboard)
       @signals = SignalQueue.new(SIGNALS)
       @children = Children.new(@scoreboard, logger, old_workers)
+      @refork = Refork.new(config[:refork_after], scoreboard: @scoreboard, request_counts: @request_counts, logger: logger)
       @spawner = Spawner.new(server: self, config: config, app: app, listeners: listeners, scoreboard: @scoreboard,
-                             logger: logger, traps: SIGNALS)
+                             logger: logger, traps: SIGNALS, refork: @refork)
       @respawn = Respawn.new(logger)
       @timeouts = RequestTimeouts.new(config[:timeout], @scoreboard, logger)
       @reload = Reload.new(server: self, config: config, logger: logger, notify: notify, children: @children,
@@ -59,13 +61,13 @@ module Blackbuck
     # A graceful stop, as TERM: safe from a signal trap or another thread (Server::Control#stop).
     def stop = @signals.push(:TERM)
 
-    attr_reader :children, :request_counts
+    attr_reader :children, :request_counts, :refork
 
     def run
       kept = Reexec.status_listener # a HUP re-exec's
       if @config[:stats_listen]
         snapshot = StatusSnapshot.new(children: @children, request_counts: @request_counts, scoreboard: @scoreboard,
-                                      listeners: @listeners)
+                                      listeners: @listeners, refork: @refork)
         @status = StatusServer.start(@config[:stats_listen], supervisor: self, snapshot: snapshot,
                                                              logger: @logger, inherited: kept)
       else
@@ -93,6 +95,7 @@ module Blackbuck
         reap
         @timeouts.check(@children)
         spawn_missing
+        @refork.turn(@children, @wanted, quiet: @stopping || @drain_until || @children.handing_over? || @reload.pending?)
         @reload.retire_old_workers(@wanted)
         reload if @reload.pending? && !@children.handing_over?
         @request_counts.sample(@children.live_slots)
@@ -118,6 +121,7 @@ module Blackbuck
           @stopping = true
         end
       when :HUP
+        @refork.stop_mold("HUP: new workers fork from the master with the new code")
         reload
       when :TTIN
         @wanted += 1 if @wanted < @scoreboard.size
@@ -179,7 +183,7 @@ module Blackbuck
     def sleep_until_woken(seconds = 1)
       status = @status
       seconds = [seconds, status.timeout].compact.min if status
-      readable, writable = IO.select([@signals.wake_io, *status&.readers], status&.writers, nil, seconds)
+      readable, writable = IO.select([@signals.wake_io, *@refork.readers, *status&.readers], status&.writers, nil, seconds)
       @signals.clear_wake
       status&.serve(readable || [], writable || [])
     end
@@ -191,7 +195,7 @@ module Blackbuck
         next if taken.include?(i)
         return if @respawn.wait?
 
-        @children.add(@spawner.spawn(i) { close_in_worker })
+        @children.add(@refork.spawn(i) || @spawner.spawn(i) { close_in_worker })
       end
     end
 
@@ -200,12 +204,13 @@ module Blackbuck
       @signals.close_in_child
       @status&.close_in_child
       @children.close_in_child
+      @refork.close_in_child
     end
 
     # Every worker that has exited: its numbers kept, its exit logged (and, for one that could not
     # boot, maybe the end of the master: Respawn), its hook called.
     def reap
-      @children.reap do |child, status|
+      @children.reap(others: @refork.method(:reaped)) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
         why = @spawner.crash_reason(child.pid)
         if @respawn.exited(child, status, started: @children.started?(child), stopping: @stopping,
@@ -234,6 +239,7 @@ module Blackbuck
     def shutdown
       @listeners.each(&:close)
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
+      @refork.stop_mold("the server stops")
       @children.tell_all
       @children.stop_old # after a HUP not yet complete: they stop too
       # A worker whose app runs reads its pipe only after the request: this makes it close its

@@ -41,6 +41,9 @@ module Blackbuck
                              # header (the spec: at least 3, for a TCP retransmit); header_timeout if shorter
     STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
+    PROMOTE_MESSAGE = "m" # from the master (refork_after): stop serving and become the mold (Mold)
+    RETIRE_MESSAGE = "r" # from the master: a worker of the new generation replaces this one; the
+                         # siblings serve on, so idle connections move to them (Balancer#move_idle)
     STOP_ACCEPTING_SIGNAL = :URG # from the master after STOP_MESSAGE when the whole server stops: a
                                  # worker whose app is running closes its listeners at once (#stop_accepting_in_app)
 
@@ -49,7 +52,9 @@ module Blackbuck
     attr_reader :index, :config, :logger, :scoreboard
     attr_reader :woke_at # when the loop last woke: what is readable arrived by then
 
-    def initialize(index:, app:, config:, listeners:, control:, scoreboard:, logger:, requests_limit: 0, handoff: nil)
+    # mold_line: where a worker told to become the mold says it cannot (Refork; nil without reforking).
+    def initialize(index:, app:, config:, listeners:, control:, scoreboard:, logger:, requests_limit: 0, handoff: nil,
+                   mold_line: nil)
       @index = index
       @config = config
       @listeners = listeners
@@ -66,6 +71,9 @@ module Blackbuck
       @gc_pending = false
       @paused = false
       @listeners_closed = false # by #stop_accepting_in_app: the listeners are out of the poller for good
+      @mold_line = mold_line
+      @role = :worker         # :mold once told to become the mold (#promote): what #run returns
+      @retiring = false       # stopping while the siblings serve on (#retire)
       @max_keepalive_requests = config[:max_keepalive_requests]
       @keepalive = config[:keepalive]
       @header_timeout = config[:header_timeout]
@@ -92,8 +100,11 @@ module Blackbuck
       @balancer = Balancer.new(self, @connections, @runner, config, scoreboard, logger, index, handoff)
     end
 
+    # Serves until the worker stops. Returns :worker, or :mold when it stopped to become the mold
+    # (Spawner then runs the Mold in this process: its listeners are still open, its poller closed).
     def run
       install_traps
+      Native::Conn.serving! # (a worker forked from the mold inherits the mold's stopped flag)
       @rack_version = Blackbuck.rack_version
       @poller = Native::Poller.new(256)
       # Each listener as #accept_from needs it, looked up once: [fd, env template, tcp, proxy_protocol,
@@ -119,7 +130,14 @@ module Blackbuck
       loop_until_done
       @runner.stop
       @balancer.stop
-      @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests#{@memory.peak}")
+      if @role == :mold
+        @logger.info("worker #{@index} (pid #{Process.pid}) became the mold after #{@served} requests")
+        @poller.close
+        @control.close
+      else
+        @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests#{@memory.peak}")
+      end
+      @role
     end
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -190,7 +208,7 @@ module Blackbuck
       @stop_deadline = now + @config[:graceful_timeout]
       @logger.info("worker #{@index} (pid #{Process.pid}) stopping: #{why}")
       @listener_by_fd.each_key { |fd| @poller.delete(fd) } unless @paused || @listeners_closed
-      close_listeners
+      close_listeners unless @role == :mold # the mold's workers serve on them
       @connections.stopping! # idle connections drain for a moment more, no longer
       @next_tick = now # tick exits once nothing is left (#drained?), from the loop
     end
@@ -309,9 +327,42 @@ module Blackbuck
         begin_graceful_stop("master exited")
       elsif msg.include?(FORCE_MESSAGE)
         force_stop("forced by master")
-      else
+      elsif msg.include?(STOP_MESSAGE)
         begin_graceful_stop("asked by master")
+      elsif msg.include?(PROMOTE_MESSAGE)
+        promote
+      else
+        retire("replaced by a worker of the new generation (refork)")
       end
+    end
+
+    # The master chose this worker to become the mold (refork_after): it stops serving as a worker
+    # would when it retires, and then, instead of exiting, becomes the Mold. An app that said it is
+    # no longer fork-safe (Blackbuck.no_longer_fork_safe!) is never forked again: the worker says
+    # so to the master, which turns reforking off, and serves on.
+    def promote
+      return if @stopping # already leaving: the master forgets the promotion when it reaps this worker
+
+      if (why = Blackbuck.fork_unsafe_reason)
+        Mold.refuse(@mold_line, why)
+        @logger.warn("worker #{@index} (pid #{Process.pid}) cannot become the mold: #{why}")
+        return
+      end
+      @role = :mold
+      retire("becoming the mold")
+    end
+
+    # A stop while the siblings serve on (refork): the listeners' queues are theirs (not taken here),
+    # and each idle keep-alive connection moves to them over the hand-off socket instead of being
+    # closed under a client that may be sending its next request at that moment. Requests in
+    # flight finish here (their responses say "Connection: close").
+    def retire(why)
+      return if @stopping
+
+      @retiring = true
+      begin_graceful_stop(why)
+      moved = @balancer.move_idle
+      @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} idle connections to its siblings") if moved.positive?
     end
 
     # A stopping worker takes the connections already queued on its listeners before it closes them:
@@ -324,7 +375,7 @@ module Blackbuck
     # reset) is as little as can be.
     def close_listeners
       @listeners.each do |l|
-        accept_queued(@listener_by_fd[l.fd]) unless l.io.closed?
+        accept_queued(@listener_by_fd[l.fd]) unless l.io.closed? || @retiring
         l.io.close unless l.io.closed?
       end
     end
@@ -366,15 +417,16 @@ module Blackbuck
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
       @balancer.tick
       @runner.tick
-      $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping} requests: #{@served} connections: #{@conns.size}"
+      $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping}#{' (becoming the mold)' if @role == :mold} requests: #{@served} connections: #{@conns.size}"
       @exit = true if @stopping && (t >= @stop_deadline || drained?)
     end
 
     # A stopping worker is done when it has no connection left and none waits on the hand-off
     # socket: a connection this worker moved just before the stop could otherwise be left there
     # when the whole generation stops. It takes one per call and serves it ("Connection: close").
+    # A retiring worker leaves what is on the socket to its siblings (its own idle connections are there).
     def drained?
-      @conns.empty? && !@balancer.take_left_over
+      @conns.empty? && (@retiring || !@balancer.take_left_over)
     end
 
     # max_memory_per_child: a worker whose USS (its private pages; RSS where the kernel cannot say)

@@ -1,0 +1,105 @@
+# frozen_string_literal: true
+
+require "socket"
+
+module Blackbuck
+  # The app says it can no longer be forked safely (it started a thread, opened a connection that
+  # cannot be shared, ...): this process is never made the mold, and reforking stops (refork_after).
+  # why: what the log says.
+  def self.no_longer_fork_safe!(why = "Blackbuck.no_longer_fork_safe! was called")
+    @fork_unsafe = why.to_s
+  end
+
+  # Why this process must not be forked again, or nil.
+  def self.fork_unsafe_reason = @fork_unsafe
+
+  # The mold (refork_after): a worker that served long enough to have its app warm (code loaded,
+  # caches filled, YJIT's code compiled) stops serving and becomes the process new workers fork
+  # from, so they start with what it warmed shared copy-on-write instead of each warming a private
+  # copy. It runs only this loop: it announces itself to the master (Refork) with a socket of its
+  # own, then forks one worker per "fork INDEX" the master sends (with the worker's control pipe),
+  # and answers "spawned INDEX PID". Each worker is forked twice over (the middle process exits at
+  # once), so it becomes the master's child (the master is a child subreaper) and the master reaps
+  # it, as it reaps the workers it forks itself. It ends when the master closes its socket or
+  # sends TERM; the master forks from itself again when it is gone (docs/ARCHITECTURE.md, "Reforking").
+  class Mold
+    MESSAGE_MAX = 512 # bytes of a message on the mold's sockets
+
+    # In a worker told to become the mold that must not (Blackbuck.no_longer_fork_safe!): the master
+    # hears why, and turns reforking off.
+    def self.refuse(line, why)
+      line&.sendmsg("unsafe #{Process.pid} #{why.to_s.tr("\n", ' ').byteslice(0, 400)}", 0)
+    rescue IOError, SystemCallError
+      nil
+    end
+
+    # spawner: runs a worker in a forked process (Spawner#serve); line: the master's announcement
+    # socket (Refork#line); server: what the hooks get (the Supervisor, as in the master).
+    def initialize(spawner:, line:, config:, logger:, server:, index:)
+      @spawner = spawner
+      @line = line
+      @config = config
+      @logger = logger
+      @server = server
+      @index = index # the slot it served as a worker (for the log)
+    end
+
+    # Never returns: the process exits when the mold's life ends.
+    def run
+      %i[TERM INT QUIT].each { |sig| trap(sig) { exit!(0) } }
+      %i[USR1 USR2 URG HUP TTIN TTOU].each { |sig| trap(sig, "IGNORE") }
+      trap(:CHLD, "DEFAULT")
+      $0 = "blackbuck mold (was worker #{@index})"
+      prepared = prepare_heap
+      @socket, theirs = Socket.pair(:UNIX, :SEQPACKET)
+      @line.sendmsg("mold #{Process.pid}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+      theirs.close
+      @logger.info("mold (pid #{Process.pid}) ready#{prepared}")
+      serve
+      exit!(0)
+    rescue Exception => e # rubocop:disable Lint/RescueException -- the mold must never fall back into a worker's code
+      @logger.exception("mold (pid #{Process.pid}) failed", e)
+      exit!(1)
+    end
+
+    private
+
+    # Warm pages are shared only if they stay unwritten: the GC step (gc_before_fork) compacts the
+    # heap and makes the survivors old first, as the master does before its first fork.
+    def prepare_heap
+      return "" unless @config.values.fetch(:gc_before_fork, true) && defined?(Warmup) && Warmup.respond_to?(:prepare_heap)
+
+      ", heap prepared in #{format('%.2f', Warmup.prepare_heap)} s"
+    end
+
+    def serve
+      loop do
+        msg, _addr, _flags, *controls = @socket.recvmsg(MESSAGE_MAX, 0, nil, scm_rights: true)
+        return if msg.nil? || msg.empty? # the master closed its end: it is gone, or done with this mold
+
+        control = controls.first&.unix_rights&.first
+        verb, index = msg.split(" ", 2)
+        fork_worker(Integer(index), control) if verb == "fork" && control
+        control&.close
+      end
+    end
+
+    # One worker for slot index: the middle process forks it and exits, so it is orphaned to the
+    # master (the child subreaper); the middle says its pid to the master.
+    def fork_worker(index, control)
+      @config[:before_fork]&.call(@server, index)
+      middle = fork do
+        pid = fork do
+          @socket.close
+          @spawner.serve(index, control) # never returns
+        end
+        @socket.sendmsg("spawned #{index} #{pid}", 0)
+        exit!(0)
+      end
+      Process.wait(middle)
+    rescue StandardError => e
+      @logger.exception("mold (pid #{Process.pid}): forking worker #{index} failed", e)
+      @socket.sendmsg("failed #{index} #{e.class}: #{e.message.tr("\n", ' ').byteslice(0, 300)}", 0)
+    end
+  end
+end

@@ -1,0 +1,231 @@
+# frozen_string_literal: true
+
+require "socket"
+require_relative "children"
+require_relative "worker"
+require_relative "mold"
+
+module Blackbuck
+  # Reforking (refork_after), in the master. Workers forked from the master start with the heap the
+  # master had after boot, and each then warms a private copy of what the app loads lazily (Rails'
+  # routes and views, caches, YJIT's code). So once a worker of the current generation has served
+  # refork_after[generation] requests, it becomes the mold (Worker#promote, Mold): it stops serving,
+  # its idle connections move to its siblings, and from then on every new worker forks from it and
+  # shares its warm pages. The previous generation's workers are then replaced one at a time: each is
+  # told to retire (its idle connections move to the others) only once every slot has a serving
+  # worker, so the server never has fewer than workers - 1 serving. After the list's last count,
+  # the generation stays.
+  #
+  # The mold is never a point of failure: if it dies, or does not answer a fork within
+  # FORK_SECONDS, the master forgets it (killing it if it lives) and forks from itself; the next
+  # refork makes a new one. An app that says it is no longer fork-safe (Blackbuck.no_longer_fork_safe!)
+  # is never reforked: the worker told to become the mold refuses, and reforking turns off.
+  class Refork
+    FORK_SECONDS = 5 # seconds the master waits for the mold to fork a worker, then forks it itself
+    MESSAGE_MAX = Mold::MESSAGE_MAX
+
+    # What the master knows of the mold: its pid, the socket it listens on, its generation (the
+    # workers it forks belong to it), and its USS when status asks.
+    MoldProcess = Struct.new(:pid, :socket, :generation)
+
+    attr_reader :generation, :mold
+
+    # counts: config[:refork_after]; request_counts: the master's RequestCounts (a worker that
+    # becomes the mold leaves its slot, as if it had exited); subreaper: makes this process the
+    # child subreaper, true when it is (unit tests pass their own: the test process stays as it is).
+    def initialize(counts, scoreboard:, request_counts:, logger:, subreaper: -> { Native.child_subreaper })
+      @counts = counts
+      @scoreboard = scoreboard
+      @request_counts = request_counts
+      @logger = logger
+      @generation = 0
+      @mold = nil
+      @promoting = nil # the Child told to become the mold, until it announces itself or exits
+      @retiring = nil  # pid of the previous generation's worker told to retire, until it exits
+      @on = !counts.empty? && subreaper?(subreaper)
+      # Workers announce themselves here when they become the mold (one end each way: every worker
+      # may be chosen, so every worker inherits the line).
+      @inbox, @line = Socket.pair(:UNIX, :SEQPACKET) if @on
+    end
+
+    def on? = @on
+
+    # The announcement line's sending end, for the workers (Worker#promote, Mold#run); nil when off.
+    attr_reader :line
+
+    # The master's sockets to watch: announcements, and the mold's answers are awaited in #spawn.
+    def readers = @on ? [@inbox] : []
+
+    # In a process the master forks: the master's ends are not its own.
+    def close_in_child
+      @inbox&.close unless @inbox.nil? || @inbox.closed?
+      @mold&.socket&.close unless @mold.nil? || @mold.socket.closed?
+    end
+
+    # One turn of the master's loop: announcements read, then at most one step: a retirement of a
+    # previous generation's worker, or a promotion. wanted: the worker count; quiet: no step now (a
+    # HUP's handover, a stop).
+    def turn(children, wanted, quiet: false)
+      return unless @on
+
+      read_inbox(children)
+      return unless @on # (a worker just said the app is not fork-safe)
+
+      @promoting = nil if @promoting && children[@promoting.pid].nil?
+      @retiring = nil if @retiring && children[@retiring].nil?
+      return if quiet || @promoting || @retiring || !children.all_started?(wanted)
+
+      if (old = children.find { |c| c.generation < @generation })
+        retire(children, old)
+      elsif (chosen = due(children))
+        promote(children, chosen)
+      end
+    end
+
+    # A worker for slot index, forked by the mold: its Children::Child, or nil when there is no mold
+    # or it failed (then the master forks it itself).
+    def spawn(index)
+      return unless @mold
+
+      control_r, control_w = IO.pipe
+      pid = ask_mold(index, control_r)
+      control_r.close
+      unless pid
+        control_w.close
+        return
+      end
+      Children::Child.new(index, pid, control_w, now, false, @mold.generation, :mold)
+    end
+
+    # A child of the master's that is not a worker has exited: the mold (or a previous one).
+    def reaped(pid, status)
+      how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
+      if @mold&.pid == pid
+        @logger.warn("mold (pid #{pid}, generation #{@mold.generation}) #{how}; workers fork from the master " \
+                     "until the next refork")
+        forget_mold
+      else
+        @logger.info("previous mold (pid #{pid}) #{how}")
+      end
+    end
+
+    # The server stops, or HUP replaces the code: the mold goes (its workers stay until told).
+    def stop_mold(why)
+      return unless @mold
+
+      @logger.info("mold (pid #{@mold.pid}) stopping: #{why}")
+      Process.kill(:TERM, @mold.pid)
+      forget_mold
+    rescue Errno::ESRCH
+      forget_mold
+    end
+
+    # For /status: the refork generation, and the mold as [pid, generation] or nil.
+    def status = { "generation" => @generation, "mold" => @mold && { "pid" => @mold.pid, "generation" => @mold.generation } }
+
+    private
+
+    def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # Workers forked by the mold are re-parented to the nearest child subreaper when their middle
+    # process exits: this master must be one, or it could not reap them.
+    def subreaper?(make)
+      return true if make.call
+
+      @logger.warn("refork_after: this kernel cannot make the master a child subreaper (Linux >= 3.4); reforking is off")
+      false
+    end
+
+    # The worker of the current generation that has served its count, if any (the list not exhausted).
+    def due(children)
+      count = @counts[@generation]
+      return unless count
+
+      children.find { |c| c.generation == @generation && @scoreboard.read(c.index)[2] >= count }
+    end
+
+    def promote(children, child)
+      requests = @scoreboard.read(child.index)[2]
+      @logger.info("refork: worker #{child.index} (pid #{child.pid}) served #{requests} requests " \
+                   "(refork_after #{@counts[@generation]}); it becomes the mold of generation #{@generation + 1}")
+      @promoting = child
+      children.tell_stop(child, Worker::PROMOTE_MESSAGE)
+    end
+
+    def retire(children, child)
+      @logger.info("refork: replacing worker #{child.index} (pid #{child.pid}, generation #{child.generation}) " \
+                   "with one of generation #{@generation}")
+      @retiring = child.pid
+      children.tell_stop(child, Worker::RETIRE_MESSAGE)
+    end
+
+    # "mold PID" with the mold's own socket: the promoted worker is the mold now (its slot is free for
+    # the first worker it forks); "unsafe PID WHY": it must not be, and reforking ends.
+    def read_inbox(children)
+      loop do
+        msg, _addr, _flags, *rights = @inbox.recvmsg_nonblock(MESSAGE_MAX, 0, nil, scm_rights: true, exception: false)
+        return if msg == :wait_readable || msg.nil? || msg.empty?
+
+        verb, pid, why = msg.split(" ", 3)
+        socket = rights.first&.unix_rights&.first
+        child = children[pid.to_i]
+        case verb
+        when "mold" then adopt_mold(children, child, pid.to_i, socket)
+        when "unsafe"
+          @logger.warn("refork: worker #{child&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
+          @on = false
+          @promoting = nil
+        end
+      end
+    end
+
+    def adopt_mold(children, child, pid, socket)
+      stop_mold("generation #{@generation + 1} has a mold") if @mold
+      @generation += 1
+      @mold = MoldProcess.new(pid, socket, @generation)
+      @promoting = nil
+      return unless child
+
+      @request_counts.worker_exited(child.index, child.pid) # its slot goes to the mold's first worker
+      children.release(child)
+      @logger.info("refork: mold of generation #{@generation} is pid #{pid} (was worker #{child.index})")
+    end
+
+    # Sends "fork INDEX" with the worker's control pipe and waits for "spawned INDEX PID". A mold that
+    # is gone, fails or does not answer in FORK_SECONDS is forgotten (killed if it lives).
+    def ask_mold(index, control)
+      socket = @mold.socket
+      socket.sendmsg("fork #{index}", 0, nil, Socket::AncillaryData.unix_rights(control))
+      deadline = now + FORK_SECONDS
+      while (left = deadline - now).positive?
+        next unless socket.wait_readable(left)
+
+        msg, = socket.recvmsg_nonblock(MESSAGE_MAX, exception: false)
+        next if msg == :wait_readable
+
+        verb, at, rest = msg.to_s.split(" ", 3)
+        return Integer(rest) if verb == "spawned" && at.to_i == index
+        raise IOError, (verb == "failed" ? rest : "the mold closed its socket") if msg.nil? || msg.empty? || verb == "failed"
+      end
+      raise IOError, "no answer in #{FORK_SECONDS}s"
+    rescue IOError, SystemCallError, ArgumentError => e
+      @logger.warn("refork: the mold (pid #{@mold.pid}) could not fork worker #{index} (#{e.message}); " \
+                   "forking it from the master")
+      kill_mold
+      nil
+    end
+
+    def kill_mold
+      Process.kill(:KILL, @mold.pid)
+    rescue Errno::ESRCH
+      nil
+    ensure
+      forget_mold
+    end
+
+    def forget_mold
+      @mold.socket.close unless @mold.socket.closed?
+      @mold = nil
+    end
+  end
+end

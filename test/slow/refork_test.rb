@@ -1,0 +1,211 @@
+# frozen_string_literal: true
+
+require_relative "../test_helper"
+require "json"
+
+# refork_after: a warm worker becomes the mold, new workers fork from it and replace the old
+# generation one at a time, while clients on keep-alive connections never see a reset or a lost
+# request; the mold is no point of failure; an app that is not fork-safe is never reforked.
+class ReforkTest < ServerTest
+  def start_reforking(counts, workers:, env: {})
+    dir = Dir.mktmpdir("bb-test")
+    File.write("#{dir}/refork.rb", "refork_after #{counts.join(', ')}\n")
+    start_server(["-c", "#{dir}/refork.rb", "-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock",
+                  "--stats-listen", "unix:#{dir}/status.sock"], app: "refork.ru", workers: workers, dir: dir, env: env)
+  end
+
+  def status(server) = status_json(stats_path(server))
+
+  # GET / on io: [pid that served it, pid that built its warm state, whether the server closes after it].
+  def warm_get(io)
+    res = request(io, "GET", "/")
+    assert_equal 200, res.status
+    [Integer(res.body[/pid=(\d+)/, 1]), Integer(res.body[/built_by=(\d+)/, 1]), res["connection"] == "close"]
+  end
+
+  # Until generation `gen` has a mold and every worker is of that generation.
+  def wait_for_generation(server, gen, timeout = 60)
+    wait_for(timeout, "every worker of refork generation #{gen}") do
+      s = status(server)
+      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
+           s["workers"].all? { |w| w["generation"] == gen && w["state"] != "starting" }
+    end
+  end
+
+  # Keep-alive clients send requests one at a time through three reforks. A request is sent once:
+  # a connection the server closes after an answer ("Connection: close", a retiring worker's last)
+  # is opened again before the next; any reset, EOF instead of an answer, or non-200 is a failure.
+  def test_three_reforks_under_keep_alive_load_lose_no_request
+    server = start_reforking([100, 200, 300], workers: 3)
+    last, sent = through_reforks(server, 3) { server.unix }
+    assert_operator sent, :>=, 300 * 3, "the clients drove every refork"
+    assert_equal 3, server.log.scan(/refork: mold of generation \d is pid/).size
+    assert_equal %w[master mold worker worker worker], last["processes"].map { |p| p["role"] }.sort
+    assert(last["workers"].all? { |w| w["forked_by"] == "mold" && w["uss_kib"].is_a?(Integer) })
+    # What the first mold built while it was a worker, every later generation has without building it.
+    first_mold = Integer(server.log[/refork: mold of generation 1 is pid (\d+)/, 1])
+    io = server.tcp
+    pid, built_by, = warm_get(io)
+    refute_equal pid, built_by
+    assert_equal first_mold, built_by, "a worker of the mold answers with the warm state the first mold built"
+  ensure
+    io&.close
+  end
+
+  # The same behind nginx with upstream keep-alive: nginx reuses its connections to the workers
+  # whichever worker has them, and never sees one closed under a request (its error log stays clean).
+  def test_reforks_behind_nginx_with_upstream_keep_alive_lose_no_request
+    skip "nginx is not installed" unless NginxProxy.available?
+    server = start_reforking([100, 200], workers: 2)
+    nginx = NginxProxy.new("unix:#{server.unix_path}")
+    _, sent = through_reforks(server, 2) { TCPSocket.new("127.0.0.1", nginx.port) }
+    assert_operator sent, :>=, 300
+    assert_equal "", nginx.error_log.lines.grep(/\[(error|crit|alert)\]/).join, "nginx saw no upstream failure"
+  ensure
+    nginx&.stop
+  end
+
+  # Idle keep-alive connections of the workers being replaced move to their siblings: after a refork
+  # has replaced every worker, each connection opened before it still answers its next request.
+  def test_idle_keep_alive_connections_survive_the_refork
+    server = start_reforking([30], workers: 2)
+    idle = Array.new(6) { server.unix }
+    before = idle.map { |io| warm_get(io).first }
+    assert_operator before.uniq.size, :>=, 1
+    wait_for(60, "a refork") do
+      io = server.tcp
+      warm_get(io)
+      io.close
+      s = status(server)
+      s["refork"]["generation"] == 1 && s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
+    end
+    after = idle.map do |io|
+      warm_get(io).first
+    rescue StandardError => e
+      flunk "an idle connection opened before the refork failed: #{e.class}: #{e.message}\n#{server.log}"
+    end
+    assert_empty after & before, "every old worker is gone, so each connection moved to a new one"
+    assert_match(/moved \d+ idle connections to its siblings/, server.log)
+  ensure
+    idle&.each(&:close)
+  end
+
+  def test_the_master_forks_when_the_mold_dies
+    server = start_reforking([10], workers: 2)
+    s = drive_to_generation(server, 1)
+    mold = s.dig("refork", "mold", "pid")
+    Process.kill(:KILL, mold)
+    assert_logged(server, /mold \(pid #{mold}, generation 1\) killed by SIGKILL; workers fork from the master/)
+    victim = s["workers"].first["pid"]
+    Process.kill(:KILL, victim)
+    s = wait_for(30, "a replacement") do
+      st = status(server)
+      st if st["workers"].size == 2 && st["workers"].none? { |w| w["pid"] == victim } &&
+            st["workers"].all? { |w| w["state"] != "starting" }
+    end
+    assert_equal ["master"], s["workers"].reject { |w| w["generation"] == 1 && w["forked_by"] == "mold" }.map { |w| w["forked_by"] }
+    assert_nil s.dig("refork", "mold")
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status
+  ensure
+    io&.close
+  end
+
+  # A mold that does not answer (stopped) is given FORK_SECONDS, then killed; the master forks.
+  def test_a_mold_that_does_not_answer_is_replaced_by_the_master
+    server = start_reforking([10], workers: 2)
+    s = drive_to_generation(server, 1)
+    mold = s.dig("refork", "mold", "pid")
+    Process.kill(:STOP, mold)
+    victim = s["workers"].first["pid"]
+    Process.kill(:KILL, victim)
+    assert_logged(server, /the mold \(pid #{mold}\) could not fork worker \d \(no answer in \d+s\); forking it from the master/, 30)
+    s = wait_for(30, "a replacement forked by the master") do
+      st = status(server)
+      st if st["workers"].any? { |w| w["forked_by"] == "master" && w["state"] != "starting" }
+    end
+    assert_nil s.dig("refork", "mold")
+    wait_for(15, "the stopped mold killed") { !alive?(mold) }
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status
+  ensure
+    io&.close
+    begin
+      Process.kill(:KILL, mold) if mold
+    rescue Errno::ESRCH
+      nil
+    end
+  end
+
+  def test_an_app_that_is_not_fork_safe_is_never_reforked
+    server = start_reforking([5], workers: 2, env: { "REFORK_UNSAFE" => "1" })
+    pids = server.worker_pids
+    20.times do
+      io = server.tcp
+      warm_get(io)
+      io.close
+    end
+    assert_logged(server, /refork: worker \d \(pid \d+\) is not fork-safe \(the test app said so \(REFORK_UNSAFE\)\); reforking is off/, 30)
+    20.times do
+      io = server.tcp
+      warm_get(io)
+      io.close
+    end
+    s = status(server)
+    assert_equal 0, s.dig("refork", "generation")
+    assert_nil s.dig("refork", "mold")
+    assert_equal pids.sort, s["workers"].map { |w| w["pid"] }.sort, "no worker was replaced"
+    refute_match(/becomes the mold of generation 2|refork: mold of generation/, server.log)
+  end
+
+  private
+
+  # Four keep-alive clients (connections from the block) send GET / one at a time until generation
+  # gen has replaced every worker. Returns [that /status, requests sent]; fails on any failed request.
+  def through_reforks(server, gen)
+    stop = false
+    failures = Queue.new
+    counts = Queue.new
+    clients = Array.new(4) do
+      Thread.new do
+        sent = 0
+        io = yield
+        until stop
+          begin
+            sent += 1
+            *, closing = warm_get(io)
+          rescue StandardError, Minitest::Assertion => e
+            failures << "request #{sent}: #{e.class}: #{e.message}"
+            break
+          end
+          next unless closing
+
+          io.close
+          io = yield
+        end
+        counts << sent
+      ensure
+        io&.close
+      end
+    end
+    last = wait_for_generation(server, gen, 90)
+    stop = true
+    clients.each(&:join)
+    assert_empty Array.new(failures.size) { failures.pop }, "no request failed:\n#{server.log}"
+    [last, Array.new(counts.size) { counts.pop }.sum]
+  ensure
+    stop = true
+  end
+
+  # Requests on fresh connections until generation gen has a mold and only its workers.
+  def drive_to_generation(server, gen)
+    wait_for(60, "refork generation #{gen}") do
+      io = server.tcp
+      warm_get(io)
+      io.close
+      s = status(server)
+      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
+           s["workers"].all? { |w| w["generation"] == gen && w["state"] != "starting" }
+    end
+  end
+end

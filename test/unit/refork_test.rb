@@ -1,0 +1,152 @@
+# frozen_string_literal: true
+
+require "minitest/autorun"
+require "blackbuck"
+require "socket"
+
+# Refork's decisions without forking: real Children (with real control pipes and a real scoreboard
+# whose request counts the test writes as workers would), the announcement line spoken to as a
+# worker and a mold would. (The processes themselves: test/slow/refork_test.rb.)
+class ReforkDecisionsTest < Minitest::Test
+  Children = Blackbuck::Children
+  Worker = Blackbuck::Worker
+
+  class Log
+    attr_reader :lines
+
+    def initialize = @lines = []
+    def info(msg) = @lines << msg
+    def warn(msg) = @lines << msg
+  end
+
+  class Counts
+    attr_reader :exited
+
+    def initialize = @exited = []
+    def worker_exited(index, pid) = @exited << [index, pid]
+  end
+
+  def setup
+    @board = Blackbuck::Native::Scoreboard.new(4)
+    @log = Log.new
+    @counts = Counts.new
+    @kids = Children.new(@board, @log)
+    @pipes = {} # pid => read end of its control pipe
+    @refork = Blackbuck::Refork.new([10, 20], scoreboard: @board, request_counts: @counts, logger: @log,
+                                              subreaper: -> { true })
+  end
+
+  def teardown
+    @pipes.each_value { |io| io.close unless io.closed? }
+    @refork.close_in_child
+  end
+
+  # A started worker of slot index that has served `served` requests.
+  def worker(index, pid, served: 0, generation: 0)
+    r, w = IO.pipe
+    @pipes[pid] = r
+    @kids.add(Children::Child.new(index, pid, w, 0.0, true, generation, :master))
+    @board.reset(index, pid)
+    served.times { @board.request_done(index, Blackbuck::Native::Scoreboard::IDLE) }
+  end
+
+  def told(pid) = @pipes[pid].read_nonblock(16, exception: false).then { |m| m.is_a?(String) ? m : nil }
+
+  def announce_mold(pid)
+    @mold_end, theirs = Socket.pair(:UNIX, :SEQPACKET)
+    @refork.line.sendmsg("mold #{pid}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+    theirs.close
+  end
+
+  def test_off_without_counts_or_without_a_subreaper
+    refute Blackbuck::Refork.new([], scoreboard: @board, request_counts: @counts, logger: @log).on?
+    off = Blackbuck::Refork.new([5], scoreboard: @board, request_counts: @counts, logger: @log, subreaper: -> { false })
+    refute off.on?
+    assert_match(/cannot make the master a child subreaper .* reforking is off/, @log.lines.last)
+  end
+
+  def test_the_first_worker_past_its_count_is_told_to_become_the_mold_once
+    worker(0, 100, served: 3)
+    worker(1, 101, served: 12)
+    @refork.turn(@kids, 2)
+    assert_equal Worker::PROMOTE_MESSAGE, told(101)
+    assert_nil told(100)
+    @refork.turn(@kids, 2)
+    assert_nil told(101), "one promotion at a time"
+    assert_match(/worker 1 \(pid 101\) served 12 requests \(refork_after 10\); it becomes the mold of generation 1/,
+                 @log.lines.last)
+  end
+
+  def test_nothing_happens_while_a_slot_has_no_serving_worker
+    worker(0, 100, served: 50)
+    @refork.turn(@kids, 2)
+    assert_nil told(100)
+  end
+
+  def test_the_mold_takes_the_slot_and_the_old_generation_is_replaced_one_at_a_time
+    worker(0, 100, served: 12)
+    worker(1, 101)
+    worker(2, 102)
+    @refork.turn(@kids, 3)
+    announce_mold(100)
+    @refork.turn(@kids, 3)
+    assert_equal 1, @refork.generation
+    assert_equal 100, @refork.mold.pid
+    assert_nil @kids[100], "the mold's slot is free"
+    assert_equal [[0, 100]], @counts.exited, "its requests are counted as an exited worker's"
+    @refork.turn(@kids, 3)
+    assert_nil told(101), "not until the free slot has a serving worker again"
+    worker(0, 200, generation: 1)
+    @refork.turn(@kids, 3)
+    retired = [101, 102].select { |pid| told(pid) == Worker::RETIRE_MESSAGE }
+    assert_equal 1, retired.size
+    @refork.turn(@kids, 3)
+    assert_equal [], [101, 102].select { |pid| told(pid) }, "one at a time"
+    @kids.release(@kids[retired.first]) # (reaped)
+    worker(@kids.map(&:index).then { |taken| ([0, 1, 2] - taken).first }, 201, generation: 1)
+    @refork.turn(@kids, 3)
+    assert_equal [Worker::RETIRE_MESSAGE], ([101, 102] - retired).map { |pid| told(pid) }
+  ensure
+    @mold_end&.close
+  end
+
+  def test_a_worker_that_is_not_fork_safe_turns_reforking_off
+    worker(0, 100, served: 12)
+    @refork.turn(@kids, 1)
+    assert_equal Worker::PROMOTE_MESSAGE, told(100)
+    @refork.line.sendmsg("unsafe 100 it started a thread", 0)
+    @refork.turn(@kids, 1)
+    refute @refork.on?
+    assert_match(/worker 0 \(pid 100\) is not fork-safe \(it started a thread\); reforking is off/, @log.lines.last)
+    @refork.turn(@kids, 1)
+    assert_nil told(100)
+  end
+
+  def test_without_a_mold_the_master_forks
+    assert_nil @refork.spawn(0)
+  end
+
+  def test_a_mold_that_closed_its_socket_is_forgotten_and_the_master_forks
+    worker(0, 100, served: 12)
+    @refork.turn(@kids, 1)
+    announce_mold(999_999_999) # no such process: the kill finds none
+    @refork.turn(@kids, 1)
+    @mold_end.close
+    assert_nil @refork.spawn(0)
+    assert_nil @refork.mold
+    assert_match(/could not fork worker 0 \((the mold closed its socket|Broken pipe.*)\); forking it from the master/, @log.lines.last)
+  end
+
+  def test_a_reaped_mold_is_forgotten
+    worker(0, 100, served: 12)
+    @refork.turn(@kids, 1)
+    announce_mold(100)
+    @refork.turn(@kids, 1)
+    status = Process::Status.wait(Process.spawn("true"))
+    @refork.reaped(100, status)
+    assert_nil @refork.mold
+    assert_match(/mold \(pid 100, generation 1\) exited with status 0; workers fork from the master/, @log.lines.last)
+  ensure
+    @mold_end&.close
+  end
+end
