@@ -40,6 +40,7 @@ module Blackbuck
       @logger = logger
       @generation = 0
       @mold = nil
+      @stopped_molds = [] # pids of molds told to stop, until reaped
       @promoting = nil # the Child told to become the mold, until it announces itself or exits
       @retiring = nil  # pid of the previous generation's worker told to retire, until it exits
       @on = !counts.empty? && subreaper?(subreaper)
@@ -97,14 +98,15 @@ module Blackbuck
       Children::Child.new(index, pid, control_w, now, false, @mold.generation, :mold)
     end
 
-    # A child of the master's that is not a worker has exited: the mold (or a previous one).
+    # A child of the master's that is not a worker has exited: the mold, a previous one, or another
+    # child (a HUP's boot check, whose exit is said elsewhere).
     def reaped(pid, status)
       how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
       if @mold&.pid == pid
         @logger.warn("mold (pid #{pid}, generation #{@mold.generation}) #{how}; workers fork from the master " \
                      "until the next refork")
         forget_mold
-      else
+      elsif @stopped_molds.delete(pid)
         @logger.info("previous mold (pid #{pid}) #{how}")
       end
     end
@@ -114,6 +116,7 @@ module Blackbuck
       return unless @mold
 
       @logger.info("mold (pid #{@mold.pid}) stopping: #{why}")
+      @stopped_molds << @mold.pid
       Process.kill(:TERM, @mold.pid)
       forget_mold
     rescue Errno::ESRCH

@@ -137,6 +137,28 @@ class ReforkTest < ServerTest
     end
   end
 
+  # HUP loads new code: the mold (old code) goes, and the new image's workers fork from its master.
+  def test_hup_ends_the_mold
+    server = start_reforking([10], workers: 2)
+    s = drive_to_generation(server, 1)
+    mold = s.dig("refork", "mold", "pid")
+    old = s["workers"].map { |w| w["pid"] }
+    server.signal(:HUP)
+    assert_logged(server, /mold \(pid #{mold}\) stopping: HUP/)
+    s = wait_for(60, "the new image's workers") do
+      st = status(server)
+      st if st["workers"].size == 2 && (st["workers"].map { |w| w["pid"] } & old).empty? &&
+            st["workers"].all? { |w| w["state"] != "starting" }
+    end
+    assert_equal 0, s.dig("refork", "generation")
+    assert_equal %w[master master], s["workers"].map { |w| w["forked_by"] }
+    wait_for(15, "the old mold gone") { !alive?(mold) }
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status
+  ensure
+    io&.close
+  end
+
   def test_an_app_that_is_not_fork_safe_is_never_reforked
     server = start_reforking([5], workers: 2, env: { "REFORK_UNSAFE" => "1" })
     pids = server.worker_pids
