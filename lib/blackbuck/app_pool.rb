@@ -126,6 +126,10 @@ module Blackbuck
       end
       deadline = now + wait
       @threads.each { |th| th.join([deadline - now, 0].max) }
+      return if @threads.any?(&:alive?) # (one still running may yet wake the loop)
+
+      @wake_r.close # a worker that becomes the mold forks workers with their own pools: not these
+      @wake_w.close
     end
 
     private
