@@ -68,6 +68,8 @@ module Blackbuck
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off
       max_memory_per_child: 0,        # KiB of USS (private pages) after which a worker is recycled; 0 = off
       sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
+      jemalloc: false,                # the blackbuck command execs itself with libjemalloc in LD_PRELOAD (Allocator)
+      malloc_arena_max: nil,          # glibc arenas; nil -> 2 with threads > 1 (unless $MALLOC_ARENA_MAX), else glibc's own
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
       early_hints: false,             # offer rack.early_hints (103) to apps; off: nginx < 1.29 and most proxies
@@ -129,6 +131,8 @@ module Blackbuck
       when :max_connections then @values[key] = int(key, value, 1, 1_000_000)
       when :min_requests_per_child
         @values[key] = value.nil? ? nil : int(key, value, 0)
+      when :jemalloc then @values[key] = bool(key, value)
+      when :malloc_arena_max then @values[key] = value.nil? ? nil : int(key, value, 1, 1024)
       when *HOOKS then @values[key] = hook(key, value)
       else @values[key] = int(key, value, key.to_s.start_with?("max_request_line", "max_uri", "max_header") ? 64 : 0)
       end
