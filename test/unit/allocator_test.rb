@@ -142,7 +142,7 @@ class AllocatorTest < Minitest::Test
     log = Log.new
     allocator.boot(config, log)
     assert_includes log.lines, [:info, "malloc: glibc; jemalloc is installed at #{@lib} and unused (set jemalloc true): " \
-                                       "on a Rails app it cut USS per worker ~20%, see docs/DEPLOY.md"]
+                                       "a small Rails app's worker USS was 30% lower on it, see docs/DEPLOY.md, Memory"]
     log = Log.new
     allocator(maps: maps(MAPS + JEMALLOC_LINE)).boot(config(jemalloc: true), log)
     assert_includes log.lines, [:info, "malloc: jemalloc (#{LIB})"]
