@@ -130,6 +130,8 @@ module Blackbuck
       return unless (env = allocator.reexec_for_jemalloc)
 
       Kernel.exec(env, *Allocator.command(argv))
+    rescue SystemCallError => e # the exec itself failed: this process is still the old one
+      raise ConfigError, "jemalloc is set, but restarting with LD_PRELOAD=#{env['LD_PRELOAD']} failed: #{e.message}"
     end
 
     def debug? = @debug || %w[1 true yes on].include?(@env["BLACKBUCK_DEBUG"].to_s)

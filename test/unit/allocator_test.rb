@@ -158,6 +158,7 @@ class AllocatorTest < Minitest::Test
     assert_raises(Blackbuck::ConfigError) { allocator(paths: []).boot(config(jemalloc: true), Log.new) }
   end
 
+  # (Native.malloc_arena_max(2) runs in this test process: harmless, it only caps new arenas.)
   def test_boot_logs_the_arena_cap
     log = Log.new
     allocator.boot(config(threads: 4), log)
