@@ -6,6 +6,7 @@ require_relative "version"
 require_relative "errors"
 require_relative "logger"
 require_relative "config"
+require_relative "allocator"
 
 module Blackbuck
   # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
@@ -50,6 +51,7 @@ module Blackbuck
       config.set(:rackup, rest.first) if rest.first
       config.finalize!(@env)
       @debug = config[:debug]
+      reexec_for_jemalloc(argv) if config[:jemalloc] # before the app loads: malloc is bound at exec
       app = load_app(config)
       if @check
         @out.puts "blackbuck: #{config[:rackup]} boots (#{config[:workers]} workers, #{config[:listen].join(' ')})"
@@ -121,6 +123,17 @@ module Blackbuck
       end
     end
 
+    # `jemalloc true`, not running on it yet: the same command again with LD_PRELOAD naming it (same
+    # pid, so systemd and pid files see one process). Raises ConfigError when it cannot be loaded.
+    def reexec_for_jemalloc(argv)
+      allocator = Allocator.new(env: @env)
+      return unless (env = allocator.reexec_for_jemalloc)
+
+      Kernel.exec(env, *Allocator.command(argv))
+    rescue SystemCallError => e # the exec itself failed: this process is still the old one
+      raise ConfigError, "jemalloc is set, but restarting with LD_PRELOAD=#{env['LD_PRELOAD']} failed: #{e.message}"
+    end
+
     def debug? = @debug || %w[1 true yes on].include?(@env["BLACKBUCK_DEBUG"].to_s)
 
     def option_parser
@@ -164,6 +177,9 @@ module Blackbuck
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
         o.on("--[no-]oob-gc-auto", "run a minor GC between requests when GC.stat says one is near", &set(:oob_gc_auto))
         o.on("--max-memory-per-child KIB", "recycle a worker whose USS (its private memory) passes KIB (0 = off)", &set(:max_memory_per_child))
+        defaulted(o, :jemalloc, "--[no-]jemalloc",
+                  "run on jemalloc: restart at once with libjemalloc2 in LD_PRELOAD (default %{default}; " \
+                  "docs/DEPLOY.md, Memory)")
         defaulted(o, :sched_batch, "--[no-]sched-batch",
                   "run workers under SCHED_BATCH on Linux (default %{default}; see docs/CONFIGURATION.md)")
         defaulted(o, :handoff_after, "--handoff-after SEC",

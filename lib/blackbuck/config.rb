@@ -70,6 +70,8 @@ module Blackbuck
       refork_after: [],               # requests: a worker of generation g that has served refork_after[g] becomes
                                       # the mold new workers fork from (docs/ARCHITECTURE.md, "Reforking"); [] = off
       sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
+      jemalloc: false,                # the blackbuck command execs itself with libjemalloc in LD_PRELOAD (Allocator)
+      malloc_arena_max: nil,          # glibc arenas; nil -> 2 with threads > 1 (unless $MALLOC_ARENA_MAX), else glibc's own
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
       early_hints: false,             # offer rack.early_hints (103) to apps; off: nginx < 1.29 and most proxies
@@ -132,6 +134,8 @@ module Blackbuck
       when :refork_after then @values[key] = request_steps(key, value)
       when :min_requests_per_child
         @values[key] = value.nil? ? nil : int(key, value, 0)
+      when :jemalloc then @values[key] = bool(key, value)
+      when :malloc_arena_max then @values[key] = value.nil? ? nil : int(key, value, 1, 1024)
       when *HOOKS then @values[key] = hook(key, value)
       else @values[key] = int(key, value, key.to_s.start_with?("max_request_line", "max_uri", "max_header") ? 64 : 0)
       end

@@ -3,6 +3,7 @@
 require "fcntl"
 require "rack"
 require_relative "memory"
+require_relative "allocator"
 
 module Blackbuck
   # Boots a server from a finished Config and a built app; shared by the CLI and the rack
@@ -31,6 +32,7 @@ module Blackbuck
                   "#{" x #{config[:threads]} app threads" if config[:threads] > 1}, parser #{Native.http_impl}, pid #{Process.pid}" \
                   "#{", config #{config[:config_file]}" if config[:config_file]}")
       logger.info(timeout_line(config))
+      Allocator.new(env: env).boot(config, logger) # malloc and YJIT lines; the arena cap, inherited by every fork
       logger.info(Memory.describe(config[:max_memory_per_child])) if config[:max_memory_per_child].positive?
       write_pid(config[:pid])
       supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger,
