@@ -58,6 +58,8 @@ module Blackbuck
         return 0
       end
       Reexec.command = [RbConfig.ruby, File.expand_path($PROGRAM_NAME), *argv]
+      cmdline = Allocator.command(argv) # [ruby, *options, script, *argv]
+      Reexec.ruby_options = Reexec.jit_options(cmdline[1...(cmdline.size - argv.size - 1)])
       Server.run(config, app)
     rescue OptionParser::ParseError => e
       @err.puts "blackbuck: #{CLI.parse_error(e, parser)} (see blackbuck --help)"

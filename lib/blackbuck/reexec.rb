@@ -27,11 +27,21 @@ module Blackbuck
       # The command that started this master ([ruby, script, *argv]); set by the CLI. nil when
       # started another way (rackup): then HUP only replaces the workers.
       attr_accessor :command
+
+      # The Ruby options the new image runs with too (YJIT and its code region: a master started
+      # with `ruby --yjit` must not come back without it); set by the CLI.
+      attr_writer :ruby_options
+
+      def ruby_options = @ruby_options || []
     end
 
     module_function
 
     def available? = !command.nil?
+
+    # The JIT options of a command line [ruby, *options, script, *argv] (Allocator.command): only
+    # those, as the new image loads itself differently (--disable-gems, its boot file first).
+    def jit_options(cmdline) = cmdline.grep(/\A--(yjit|mjit|jit)(\z|[-=])/)
 
     # Boots the new code without serving. nil when it booted, else the last line it printed.
     # Yields the seconds to wait before it looks again: the master keeps its watchdog fed and its
@@ -39,7 +49,7 @@ module Blackbuck
     def check
       ruby, script, *args = command
       r, w = IO.pipe
-      pid = Process.spawn(ruby, script, "--check", *args, out: w, err: w, in: File::NULL)
+      pid = Process.spawn(ruby, *ruby_options, script, "--check", *args, out: w, err: w, in: File::NULL)
       w.close
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + CHECK_TIMEOUT
       status = nil
@@ -80,7 +90,7 @@ module Blackbuck
       vars = env.merge(LISTEN_ENV => listen.join(","), WORKERS_ENV => workers.join(","),
                        EarlySignals::PENDING_ENV => EarlySignals.encode(pending),
                        STATUS_ENV => status&.fd&.to_s)
-      Kernel.exec(vars, ruby, "--disable-gems", "-r#{BOOT}", *rest, keep)
+      Kernel.exec(vars, ruby, *ruby_options, "--disable-gems", "-r#{BOOT}", *rest, keep)
     end
 
     # Right before #exec!: the master's signals are ignored from here until the new image traps

@@ -130,4 +130,34 @@ class HooksTest < ServerTest
     assert_equal server.pid.to_s, File.read("#{dir}/before-exec"), "before_exec runs in the master"
     Timeout.timeout(30) { sleep 0.1 until server.log.include?("old workers finishing") }
   end
+
+  # A master started with `ruby --yjit` comes back from HUP with YJIT: the new image runs with the
+  # old one's JIT options (before, it ran plain `ruby` and lost them).
+  def test_hup_keeps_the_ruby_jit_options
+    skip "no YJIT in this Ruby" unless defined?(RubyVM::YJIT)
+    dir = Dir.mktmpdir("bb-test")
+    app = "#{dir}/app.ru"
+    File.write(app, "run lambda { |_env| [200, {}, [\"yjit=\#{RubyVM::YJIT.enabled?} pid=\#{Process.pid}\"]] }\n")
+    proc_ = ChildProcess.new([RbConfig.ruby, "--yjit", EXE, "-w", "1", "-l", "unix:#{dir}/app.sock", app],
+                             log_path: "#{dir}/server.log")
+    (@children ||= []) << proc_
+    wait_for(60, "the worker") { proc_.worker_pids.size == 1 }
+    assert_equal "yjit=true", get_body("#{dir}/app.sock")[/yjit=\w+/]
+    proc_.signal(:HUP)
+    wait_for(60, "the new image's worker") { proc_.worker_pids.size == 2 && proc_.log.include?("old worker") }
+    body = wait_for(30, "an answer from the new worker") do
+      b = get_body("#{dir}/app.sock")
+      b if b[/pid=(\d+)/, 1].to_i == proc_.worker_pids.last
+    end
+    assert_equal "yjit=true", body[/yjit=\w+/], proc_.log
+  ensure
+    proc_&.stop
+  end
+
+  def get_body(sock)
+    io = UNIXSocket.new(sock)
+    request(io, "GET", "/").body
+  ensure
+    io&.close
+  end
 end
