@@ -62,6 +62,14 @@ module Blackbuck
       seconds
     end
 
+    # "RuntimeError: boom (app/models/post.rb:12)": the message's first line and the first frame
+    # outside Blackbuck, where the app raised.
+    def self.error_text(err)
+      own = File.expand_path("..", __dir__)
+      frame = (err.backtrace || []).find { |l| !File.expand_path(l.split(":", 2).first).start_with?("#{own}/") }
+      "#{err.class}: #{err.message.lines.first&.chomp}#{" (#{frame.split(':in ', 2).first})" if frame}"
+    end
+
     private
 
     # One warm-up request: its status, or a ConfigError for a 5xx or an exception.
@@ -90,14 +98,6 @@ module Blackbuck
         unless answers.empty?
       parts << "the warmup block" if @block
       parts.join(" and ")
-    end
-
-    # "RuntimeError: boom (app/models/post.rb:12)": the message's first line and the first frame
-    # outside Blackbuck, where the app raised.
-    def self.error_text(err)
-      own = File.expand_path("..", __dir__)
-      frame = (err.backtrace || []).find { |l| !File.expand_path(l.split(":", 2).first).start_with?("#{own}/") }
-      "#{err.class}: #{err.message.lines.first&.chomp}#{" (#{frame.split(':in ', 2).first})" if frame}"
     end
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -311,7 +311,8 @@ module Blackbuck
           GC.start(full_mark: true, immediate_sweep: true)
           runs += 1
         end
-        @steps << "#{runs} full GC#{'s' unless runs == 1}"
+        growing = old != GC.stat(:old_objects) # MAX_FULL_GCS reached first: the heap was still being promoted
+        @steps << "#{runs} full GC#{'s' unless runs == 1}#{' (old objects still growing)' if growing}"
       end
 
       def compact
