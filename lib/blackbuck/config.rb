@@ -78,6 +78,11 @@ module Blackbuck
                                       # cannot pass a 1xx on (Rails' asset tags send one on every HTML page)
       x_sendfile: false,              # send the file an app names in X-Sendfile (a path from the app: trusted)
       x_accel_mapping: [],            # [[uri_prefix, directory]] for X-Accel-Redirect; empty = off
+      warmup_paths: [].freeze,        # paths GET through the app in the master before the first fork (the warmup
+                                      # directive); a 5xx or an exception fails the boot, a 4xx is a warning
+      warmup: nil,                    # proc(app), in the master after warmup_paths, before the first fork
+      gc_before_fork: true,           # prepare the heap before the first fork: Process.warmup on Ruby >= 3.3, else
+                                      # coderanges, full GCs until nothing more is promoted, GC.compact, malloc_trim
       before_fork: nil,               # proc(server, worker_index), in the master
       after_fork: nil,                # proc(server, worker_index), in the worker
       after_worker_exit: nil,         # proc(server, worker_index, Process::Status), in the master
@@ -118,7 +123,8 @@ module Blackbuck
       when :listen_one then @values[:listen] << listen_entry(value)
       when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
       when :port then @values[key] = int(key, value, 0, 65_535)
-      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints
+      when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints,
+           :gc_before_fork
         @values[key] = bool(key, value)
       when :x_accel_mapping then Array(value).each { |m| @values[key] << accel_mapping(key, m) }
       when :unix_socket_mode then @values[key] = mode(key, value)
@@ -137,6 +143,8 @@ module Blackbuck
       when :jemalloc then @values[key] = bool(key, value)
       when :malloc_arena_max then @values[key] = value.nil? ? nil : int(key, value, 1, 1024)
       when *HOOKS then @values[key] = hook(key, value)
+      when :warmup then @values[key] = value.nil? ? nil : hook(key, value)
+      when :warmup_paths then @values[key] = paths(key, value)
       else @values[key] = int(key, value, key.to_s.start_with?("max_request_line", "max_uri", "max_header") ? 64 : 0)
       end
       self
@@ -246,6 +254,19 @@ module Blackbuck
       list.map { |n| int(key, n, 1) }.freeze
     end
 
+    # "/a,/b" (-O warmup_paths=...) or an Array -> frozen paths, each absolute ("/posts?page=1"),
+    # without whitespace or control characters (it becomes PATH_INFO and QUERY_STRING).
+    def paths(key, value)
+      list = value.is_a?(String) ? value.split(",") : Array(value)
+      list.map do |path|
+        unless path.is_a?(String) && path.start_with?("/") && !path.match?(/[[:space:][:cntrl:]]/)
+          raise ConfigError, "#{key} must be paths starting with /, got #{path.inspect}"
+        end
+
+        path.dup.freeze
+      end.freeze
+    end
+
     def hook(key, value)
       raise ConfigError, "#{key} must be a block or a Proc" unless value.respond_to?(:call)
 
@@ -294,7 +315,16 @@ module Blackbuck
         @config.set(:refork_after, counts.size == 1 ? counts.first : counts)
       end
 
-      (DEFAULTS.keys - %i[listen config_file refork_after] - HOOKS).each do |key|
+      # warmup "/", "/posts.json" and/or warmup { |app| ... }: run through the app in the master before
+      # the first fork. Paths add up over several lines; a block replaces an earlier one.
+      def warmup(*paths, &block)
+        raise ConfigError, "warmup needs paths, a block, or both" if paths.empty? && !block
+
+        @config.set(:warmup_paths, @config[:warmup_paths] + paths) unless paths.empty?
+        @config.set(:warmup, block) if block
+      end
+
+      (DEFAULTS.keys - %i[listen config_file refork_after warmup] - HOOKS).each do |key|
         define_method(key) { |value| @config.set(key, value) }
       end
 

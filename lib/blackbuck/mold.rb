@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "socket"
+require_relative "warmup"
 
 module Blackbuck
   # The app says it can no longer be forked safely (it started a thread, opened a connection that
@@ -65,11 +66,14 @@ module Blackbuck
     private
 
     # Warm pages are shared only if they stay unwritten: the GC step (gc_before_fork) compacts the
-    # heap and makes the survivors old first, as the master does before its first fork.
+    # heap and makes the survivors old first, as the master does before its first fork. The mold
+    # serves no request: the database connections it held as a worker would idle for ever (and
+    # its workers would inherit them), so Active Record lets them go.
     def prepare_heap
-      return "" unless @config.values.fetch(:gc_before_fork, true) && defined?(Warmup) && Warmup.respond_to?(:prepare_heap)
+      Warmup.disconnect_active_record
+      return "" unless @config[:gc_before_fork]
 
-      ", heap prepared in #{format('%.2f', Warmup.prepare_heap)} s"
+      ", heap prepared in #{format('%.2f', Warmup.prepare_heap(logger: @logger))} s"
     end
 
     def serve

@@ -4,6 +4,7 @@ require "fcntl"
 require "rack"
 require_relative "memory"
 require_relative "allocator"
+require_relative "warmup"
 
 module Blackbuck
   # Boots a server from a finished Config and a built app; shared by the CLI and the rack
@@ -18,6 +19,8 @@ module Blackbuck
       Native.logger = logger # the C side warns through it (a response that cannot be spilled)
       check_spill_dir(config, logger)
       raise_open_files_limit(logger)
+      # before binding: a warm-up that fails the boot leaves no listener (nor socket file) behind
+      Warmup.new(config, app, logger).run if Warmup.wanted?(config)
       listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP), flags and all
       listeners = Rebind.apply(listeners, config, logger) # ... made what the config names now
       if listeners.empty?

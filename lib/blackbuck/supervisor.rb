@@ -12,6 +12,7 @@ require_relative "respawn"
 require_relative "request_timeouts"
 require_relative "reload"
 require_relative "refork"
+require_relative "warmup"
 
 module Blackbuck
   # The master process: forks workers from the preloaded app, keeps their number, replaces
@@ -81,6 +82,8 @@ module Blackbuck
         early.each { |sig| @signals.push(sig) }
       end
       $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
+      # last thing before the first fork: nothing of the boot allocates after it (Warmup::Heap)
+      Warmup.prepare_heap(logger: @logger) if @config[:gc_before_fork]
       turn until @stopping
       shutdown
     end
