@@ -7,6 +7,7 @@ require_relative "errors"
 require_relative "logger"
 require_relative "config"
 require_relative "allocator"
+require_relative "warmup"
 
 module Blackbuck
   # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
@@ -54,6 +55,8 @@ module Blackbuck
       reexec_for_jemalloc(argv) if config[:jemalloc] # before the app loads: malloc is bound at exec
       app = load_app(config)
       if @check
+        # HUP's boot check runs the warm-up too: new code whose warm-up fails must not be exec'd
+        Warmup.new(config, app, Logger.new(@err, debug: @debug)).run if Warmup.wanted?(config)
         @out.puts "blackbuck: #{config[:rackup]} boots (#{config[:workers]} workers, #{config[:listen].join(' ')})"
         return 0
       end

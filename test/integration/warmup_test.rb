@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../test_helper"
+require "open3"
 
 # The warmup directive and gc_before_fork, through the real `blackbuck`: the master requests the
 # paths before it forks and the workers inherit what that built; a failing path ends the boot with
@@ -53,6 +54,22 @@ class WarmupTest < ServerTest
     assert_equal 1, status.exitstatus, log
     assert_match(%r{^blackbuck: warm-up: GET /fail answered 500$}, log)
     refute_match(/listening on|worker \d+ .*ready/, log, "no listener bound, no worker forked")
+  end
+
+  # HUP's boot check (`blackbuck --check`) runs the warm-up too, so new code whose warm-up fails is
+  # never exec'd in place of the running master.
+  def test_the_boot_check_runs_the_warm_up
+    dir = Dir.mktmpdir("bb-test")
+    File.write("#{dir}/blackbuck.rb", %(warmup "/raise"\n))
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "--check", "-c", "#{dir}/blackbuck.rb", File.join(APPS, "warmup.ru"))
+    assert_equal 1, status.exitstatus, out
+    assert_match(%r{^blackbuck: warm-up: GET /raise raised RuntimeError: cold database}, out)
+    File.write("#{dir}/blackbuck.rb", %(warmup "/"\n))
+    out, status = Open3.capture2e(RbConfig.ruby, EXE, "--check", "-c", "#{dir}/blackbuck.rb", File.join(APPS, "warmup.ru"))
+    assert status.success?, out
+    assert_match(/boots/, out)
+  ensure
+    FileUtils.rm_rf(dir) if dir
   end
 
   def test_a_path_that_raises_ends_the_boot_naming_path_and_error
