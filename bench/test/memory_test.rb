@@ -55,8 +55,8 @@ class MemoryTest < Minitest::Test
     assert_in_delta 0.0, Memory.proc_from_smaps(1, "other", "x", {}).shared_pct
   end
 
-  def mk(pid, role, rss, pss, uss, shared)
-    Memory::Proc.new(pid: pid, role: role, title: "t#{pid}", rss_kb: rss, pss_kb: pss, uss_kb: uss, shared_kb: shared)
+  def mk(pid, role, rss, pss, uss, shared, age_s = 10.0 - pid * 2.5)
+    Memory::Proc.new(pid: pid, role: role, title: "t#{pid}", rss_kb: rss, pss_kb: pss, uss_kb: uss, shared_kb: shared, age_s: age_s)
   end
 
   def test_summary_counts_workers_for_per_worker_figures_and_every_process_for_total_pss
@@ -72,6 +72,7 @@ class MemoryTest < Minitest::Test
     assert_equal 60_000, s["pss_kb_per_worker"]
     assert_in_delta 70.0, s["shared_pct_per_worker"]
     assert_equal 190_000, s["total_pss_kb"]
+    assert_in_delta 2.5, s["youngest_worker_age_s"]
     assert_equal 4, s["processes"].size
     assert_equal "other", s["processes"].last["role"]
   end
@@ -89,6 +90,8 @@ class MemoryTest < Minitest::Test
     assert_equal "master", me.role
     assert_operator me.rss_kb, :>, 0
     assert_operator me.uss_kb, :<=, me.rss_kb
+    assert_operator me.age_s, :>=, 0
+    assert_operator me.age_s, :<, Process.clock_gettime(Process::CLOCK_MONOTONIC), "younger than the machine"
   end
 
   def summaries(**uss_and_pss)
@@ -176,7 +179,8 @@ class MemoryTest < Minitest::Test
     ok = lambda do |server, uss, pss|
       Measurement.new(server: server, app: "memory", transport: "unix", mode: "keepalive", rep: 0, status: "ok",
                       result: Result.new(requests: 1000, seconds: 5.0, rps: 200.0, errors: 0, error_detail: {}),
-                      memory: { smaps: mem.call(uss, pss), warm: { "requests" => 6000, "errors" => 0 }, ruby_opts: nil })
+                      memory: { smaps: mem.call(uss, pss), ruby_opts: nil,
+                                warm: { "requests" => 6000, "errors" => 0, "top_ups" => 2, "youngest_worker_served_s" => 3.4 } })
     end
     failed = Measurement.new(server: "blackbuck-warmup", app: "memory", transport: "unix", mode: "keepalive", rep: 0,
                              status: "failed", reason: "boot: exited during boot; log tail: unknown directive warmup")
@@ -187,7 +191,7 @@ class MemoryTest < Minitest::Test
     FileUtils.mkdir_p(File.join(dir, "scratch"))
     report.write(dir, File.join(dir, "scratch"))
     md = File.read(File.join(dir, "latest.md"))
-    assert_match(/\| blackbuck-refork \| 40,000 \| 40,000–40,000 \|/, md)
+    assert_match(/\| blackbuck-refork \| 40,000 \| 40,000–40,000 \| .* \| 6,000 \| 3\.4 \(2\) \| 0 \| – \|/, md)
     assert_match(/\| blackbuck-warmup \| \*\*failed\*\* \| boot: exited during boot; log tail: unknown directive warmup/, md)
     assert_match(/\| reforking alone: USS per worker \| blackbuck-refork \| pitchfork-refork \| uss_kb_per_worker \| 0\.80 \| ≤ 0\.8 \| \*\*pass\*\* \|/, md)
     assert_match(/defaults: USS per worker .* n\/a \(blackbuck-defaults and unicorn-preload not measured\)/, md)

@@ -18,7 +18,9 @@ module BlackbuckBench
     # matches the recipe's worker_re) or "other" (a mold, a refork's intermediate, a helper).
     # USS = Private_Clean + Private_Dirty: what exiting it would give back. Shared = the pages it
     # shares with another process (Shared_Clean + Shared_Dirty), as a share of its Rss.
-    Proc = Struct.new(:pid, :role, :title, :rss_kb, :pss_kb, :uss_kb, :shared_kb, keyword_init: true) do
+    # age_s: seconds since the process was forked (a worker that has not served yet owns almost
+    # nothing: MemoryStep reads again until every worker has served a while).
+    Proc = Struct.new(:pid, :role, :title, :rss_kb, :pss_kb, :uss_kb, :shared_kb, :age_s, keyword_init: true) do
       def shared_pct = rss_kb.positive? ? shared_kb * 100.0 / rss_kb : 0.0
 
       def to_h = super.merge(shared_pct: shared_pct.round(1)).transform_keys(&:to_s)
@@ -31,8 +33,8 @@ module BlackbuckBench
       text.scan(/^(\w+):\s+(\d+) kB$/).to_h { |k, v| [k, v.to_i] }
     end
 
-    def proc_from_smaps(pid, role, title, fields)
-      Proc.new(pid: pid, role: role, title: title, rss_kb: fields.fetch("Rss", 0), pss_kb: fields.fetch("Pss", 0),
+    def proc_from_smaps(pid, role, title, fields, age_s: nil)
+      Proc.new(pid: pid, role: role, title: title, age_s: age_s, rss_kb: fields.fetch("Rss", 0), pss_kb: fields.fetch("Pss", 0),
                uss_kb: fields.fetch("Private_Clean", 0) + fields.fetch("Private_Dirty", 0),
                shared_kb: fields.fetch("Shared_Clean", 0) + fields.fetch("Shared_Dirty", 0))
     end
@@ -46,11 +48,22 @@ module BlackbuckBench
                elsif worker_re.nil? || p.cmdline.match?(worker_re) then "worker"
                else "other"
                end
-        proc_from_smaps(p.pid, role, p.cmdline[0, 80], parse_smaps(text))
+        proc_from_smaps(p.pid, role, p.cmdline[0, 80], parse_smaps(text), age_s: age_s(p.pid))
       rescue Errno::ENOENT, Errno::ESRCH, Errno::EACCES
         nil # exited between the listing and the read (a refork's short-lived process)
       end
     end
+
+    # Seconds since pid started: /proc/uptime minus its starttime (field 22 of /proc/PID/stat, in
+    # clock ticks since boot).
+    def age_s(pid, uptime: File.read("/proc/uptime").split.first.to_f)
+      raw = File.read("/proc/#{pid}/stat")
+      start_ticks = raw[(raw.rindex(")") + 2)..].split(" ")[19].to_i
+      (uptime - start_ticks.to_f / Procfs::CLK_TCK).round(2)
+    end
+
+    # The youngest worker's age, or nil without workers.
+    def youngest_worker_age_s(procs) = procs.select { |p| p.role == "worker" }.filter_map(&:age_s).min
 
     # What the report shows of one server: per worker USS (mean, min, max), PSS and shared %
     # (means), and the PSS of every process of the tree added up (what the server costs the
@@ -67,6 +80,7 @@ module BlackbuckBench
         "rss_kb_per_worker" => mean.call(workers.map(&:rss_kb)),
         "shared_pct_per_worker" => workers.empty? ? nil : (workers.sum(&:shared_pct) / workers.size).round(1),
         "total_pss_kb" => procs.sum(&:pss_kb),
+        "youngest_worker_age_s" => youngest_worker_age_s(procs),
         "processes" => procs.map(&:to_h)
       }
     end
@@ -122,7 +136,13 @@ module BlackbuckBench
     WARM_MAX_S = 120       # ... or this long has passed (a slow server is read with what it served)
     BOOT_TIMEOUT_S = 120   # Rails boot with 4 workers (and Blackbuck's warmup requests) on 2 cores
     REFORK_WAIT_S = 60     # a promised refork (Puma's fork_worker) must be over within this
-    SETTLE_S = 1.0         # after the load, before smaps: a worker that was forking is up by then
+    # A worker forked moments ago (a refork's new generation) has served nothing and owns almost
+    # nothing: its USS says nothing about the server. smaps is read again after TOP_UP_S more of
+    # the same load until every worker has served MIN_SERVED_S under load (at most MAX_TOP_UPS
+    # times; the row records how many and the youngest worker's serving time).
+    MIN_SERVED_S = 3.0
+    TOP_UP_S = 1
+    MAX_TOP_UPS = 15
     ABSENT_NOTE = "#{MemoryRailsApp::DIR}.absent.txt" # bench/setup's reason when the generator failed
 
     # collaborators: the run's scratch and socket dirs, its log, and info(recipe) => the server's
@@ -228,10 +248,10 @@ module BlackbuckBench
       warm = warm_up(server, dir)
       warm["refork"] = wait_for_refork(server, recipe) if recipe.reforked_re
       m.result = run_load(server, @step.duration, File.join(dir, "load"))
-      sleep SETTLE_S
+      procs, warm["top_ups"], warm["youngest_worker_served_s"] = sample_served(server, recipe, dir)
       raise "#{recipe.name} exited: #{server.log_tail(4)}" unless server.alive?
 
-      smaps = Memory.summarize(Memory.sample(server.pid, recipe.worker_re))
+      smaps = Memory.summarize(procs)
       m.memory = { rss_kb_per_worker: smaps["rss_kb_per_worker"], pss_kb_per_worker: smaps["pss_kb_per_worker"],
                    workers_seen: smaps["workers_seen"], smaps: smaps, warm: warm,
                    ruby_opts: recipe.env["RUBYOPT"], ld_preload: recipe.env["LD_PRELOAD"] }
@@ -249,6 +269,22 @@ module BlackbuckBench
       m
     ensure
       server&.stop
+    end
+
+    # => [procs, top-up loads run, the youngest worker's time under load since its fork]. Called
+    # right after a load.
+    def sample_served(server, recipe, dir)
+      load_end = monotonic
+      top_ups = 0
+      loop do
+        procs = Memory.sample(server.pid, recipe.worker_re)
+        youngest = Memory.youngest_worker_age_s(procs)
+        served = youngest && (youngest - (monotonic - load_end)).round(1)
+        return [procs, top_ups, served] if served.nil? || served >= MIN_SERVED_S || top_ups >= MAX_TOP_UPS
+
+        run_load(server, TOP_UP_S, File.join(dir, "top-up-#{top_ups += 1}"))
+        load_end = monotonic
+      end
     end
 
     # Chunks of WARM_CHUNK_S until WARM_REQUESTS are done: the load tool runs for a time, not a count.

@@ -300,20 +300,23 @@ module BlackbuckBench
              "(blackbuck-load, #{step&.connections} keep-alive connections, UNIX socket), req/s over every page for " \
              "#{fmt_num(step&.duration, 0)} s, then /proc/PID/smaps_rollup of every process of the server's tree. " \
              "USS = Private_Clean + Private_Dirty (what the process alone costs); shared = (Shared_Clean + " \
-             "Shared_Dirty) / Rss; total PSS = every process (master, workers, molds). Measured once per row.\n\n"
-      out << "| Server | USS KB/worker | USS min–max | PSS KB/worker | shared % | total PSS KB | processes | req/s | warm-up requests | errors | RUBYOPT |\n"
-      out << "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n"
+             "Shared_Dirty) / Rss; total PSS = every process (master, workers, molds). Read when every worker has " \
+             "served #{fmt_num(MemoryStep::MIN_SERVED_S, 0)} s under load since its fork (1 s top-ups of the same load until then: " \
+             "a worker a refork has just made owns almost nothing yet); served = the youngest worker's. Measured once per row.\n\n"
+      out << "| Server | USS KB/worker | USS min–max | PSS KB/worker | shared % | total PSS KB | processes | req/s | warm-up requests | served s (top-ups) | errors | RUBYOPT |\n"
+      out << "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n"
       rows.each do |r|
         m = r["memory"]
         unless measured?(r) && m
-          out << "| #{r['server']} | **#{r['status']}** | #{r['reason'].to_s.gsub('|', '/')[0, 160]} | | | | | | | | |\n"
+          out << "| #{r['server']} | **#{r['status']}** | #{r['reason'].to_s.gsub('|', '/')[0, 160]} | | | | | | | | | |\n"
           next
         end
         errors = r["errors"].to_i + m.dig("warm_up", "errors").to_i
         out << "| #{r['server']} | #{fmt_int(m['uss_kb_per_worker'])} | #{fmt_int(m['uss_kb_min'])}–#{fmt_int(m['uss_kb_max'])} | " \
                "#{fmt_int(m['pss_kb_per_worker'])} | #{fmt_num(m['shared_pct_per_worker'], 1)} | #{fmt_int(m['total_pss_kb'])} | " \
                "#{m['processes'].size} (#{m['workers_seen']} workers) | #{fmt_int(r['rps'])} | " \
-               "#{fmt_int(m.dig('warm_up', 'requests'))} | #{fmt_int(errors)} | #{m['rubyopt'] ? "`#{m['rubyopt']}`" : '–'} |\n"
+               "#{fmt_int(m.dig('warm_up', 'requests'))} | #{fmt_num(m.dig('warm_up', 'youngest_worker_served_s'), 1)} " \
+               "(#{m.dig('warm_up', 'top_ups') || 0}) | #{fmt_int(errors)} | #{m['rubyopt'] ? "`#{m['rubyopt']}`" : '–'} |\n"
       end
       out << "\n" << memory_targets_md
     end
@@ -470,7 +473,10 @@ module BlackbuckBench
       panels = apps.map do |app|
         rows = @rows.select { |r| r["app"] == app }
         servers = rows.map { |r| r["server"] }.uniq
-        if mixed?(app)
+        if memory?(app)
+          File.write(File.join(dir, "#{app}.dat"), memory_data(rows))
+          memory_panel(app, File.join(dir, "#{app}.dat"))
+        elsif mixed?(app)
           File.write(File.join(dir, "#{app}.dat"), mixed_data(app, servers))
           mixed_panel(app, File.join(dir, "#{app}.dat"))
         else
@@ -536,6 +542,33 @@ module BlackbuckBench
         set format y "%.0s%c"
         set title "#{app_title(app)}" font ",13"
         plot #{using.join(", \\\n     ")}
+      GP
+    end
+
+    def memory?(app) = WORKLOADS.find { |w| w.name == app }&.memory?
+
+    # The memory panel: MB per worker, USS (whiskers: the smallest and largest worker) and PSS.
+    def memory_data(rows)
+      lines = rows.map do |r|
+        m = r["memory"]
+        mb = ->(kb) { kb ? (kb / 1024.0).round(1) : 0 }
+        vals = m ? [m["uss_kb_per_worker"], m["uss_kb_min"], m["uss_kb_max"]].map(&mb) + [mb.call(m["pss_kb_per_worker"])] * 3 : [0] * 6
+        "\"#{label_for(r['server'], r['app'])}\" #{vals.join(' ')}"
+      end
+      "# server uss(mean min max) pss(mean mean mean), MB per worker\n#{lines.join("\n")}\n"
+    end
+
+    def memory_panel(app, file)
+      <<~GP
+        unset logscale y
+        set yrange [0:*]
+        set ylabel "MB per worker (lower is better)"
+        set format y "%g"
+        set xtics rotate by -30
+        set title "#{app_title(app)}" font ",13"
+        plot "#{file}" using 2:3:4:xtic(1) title "USS per worker (whiskers: min–max)" lc rgb "#9467bd", \\
+             "#{file}" using 5:6:7 title "PSS per worker" lc rgb "#c5b0d5"
+        set xtics norotate
       GP
     end
 
