@@ -2,7 +2,7 @@
 
 # Loaded by the project's Rakefile. Both benchmark tasks tolerate absent servers (reported in
 # the table). BENCH_ARGS passes flags through, e.g. BENCH_ARGS="--servers blackbuck,nginx";
-# BENCH_ONLY=NAME runs a named subset (hello, iowait, mixed, rails, sinatra, big, yjit, peers).
+# BENCH_ONLY=NAME runs a named subset (hello, iowait, mixed, rails, sinatra, big, memory, yjit, peers).
 desc "Full benchmark matrix (bench/README.md, < 45 min; BENCH_ONLY=mixed etc. for a subset); writes bench/results/latest.{json,md,png}"
 task :bench do
   ENV["BLACKBUCK_BENCH_COMMAND"] ||= "bundle exec rake bench"
@@ -21,6 +21,7 @@ namespace :bench do
   desc "Unit tests of the harness (load-tool parsers, balance, plan and estimate, aggregation); no servers, no load"
   task :test do
     ruby File.join(__dir__, "test", "drivers_test.rb")
+    ruby File.join(__dir__, "test", "memory_test.rb")
   end
 
   desc "Install what the benchmark needs (Debian packages, gems outside the bundle)"

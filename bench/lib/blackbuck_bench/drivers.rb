@@ -124,9 +124,11 @@ module BlackbuckBench
       argv += ["--unix-socket", target[:unix_path]] if target[:transport] == "unix"
       argv << "--no-keepalive" unless keepalive
       if load[:targets]
-        # each connection pinned to one target, so the weights are connection counts
+        # each connection pinned to one target, so the weights are connection counts; or, with
+        # load[:spread], each request picks its target by weight (the memory workload's 90 pages)
         load[:targets].each { |t| argv += ["--target", "GET #{t['path']}", t["weight"].to_s] }
-        argv += ["--target-per-connection", "--seed", SEED.to_s]
+        argv << "--target-per-connection" unless load[:spread]
+        argv += ["--seed", SEED.to_s]
       end
       argv << url(target)
     end

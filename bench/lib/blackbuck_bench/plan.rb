@@ -18,6 +18,10 @@ module BlackbuckBench
     # gets less (io-wait, Blackbuck: half), a measurement lasts up to twice --duration
     DRIVER_SLACK = { "h2load" => 1.5 }.freeze
     MIN_RATE_WARMUP_S = 0.5 # warm-up that measures a rate for h2load's request count (even in quick)
+    # One memory row: Rails boot with 4 workers, the 6,000-request warm-up, the req/s load, the
+    # stop (measured: 35-40 s a row on the 2-core machine, most of it the warm-up)
+    MEMORY_ROW_S = 40
+    MEMORY_BUDGET_S = 15 * 60 # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S
 
     # yjit_cells: the cells the +yjit twins run (all of them, but only the first in --quick)
     Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true) do
@@ -50,6 +54,8 @@ module BlackbuckBench
     def servers_for(w, opts)
       opts[:servers].select do |name|
         r = Servers.fetch(name)
+        # the memory workload runs its own rows (on its Rails app), and they run nowhere else
+        next r.only == w.name if w.memory? || r.only
         next false if opts[:quick] && !opts[:servers_given] && w.quick_servers && !w.quick_servers.include?(name)
         if r.threaded? && !opts[:servers_given]
           next false unless w.threaded&.include?(name)
@@ -63,7 +69,16 @@ module BlackbuckBench
     end
 
     # => { cells:, measurements:, boots:, seconds: }; absent servers (present: false) cost nothing
+    # The memory workload's rows are measured once each (no --repeat: see MemoryStep).
     def estimate(steps, opts, present: ->(name) { Servers.fetch(name).absent_reason.nil? })
+      memory, steps = steps.partition { |s| s.workload.memory? }
+      rows = memory.sum { |s| s.servers.count(&present) }
+      e = estimate_throughput(steps, opts, present)
+      { cells: e[:cells] + rows, measurements: e[:measurements] + rows, boots: e[:boots] + rows,
+        seconds: e[:seconds] + rows * MEMORY_ROW_S, memory_seconds: rows * MEMORY_ROW_S }
+    end
+
+    def estimate_throughput(steps, opts, present)
       n = steps.to_h { |s| [s, s.servers.count(&present)] }
       cells_of = ->(s) { s.servers.select(&present).sum { |name| s.cells_for(name).size } }
       cells = steps.sum(&cells_of)
@@ -82,6 +97,8 @@ module BlackbuckBench
     def describe(steps, opts)
       e = estimate(steps, opts)
       lines = steps.map do |s|
+        next "  #{s.workload.name}: #{s.servers.size} servers one at a time, measured once (~#{MEMORY_ROW_S} s each), #{s.workers} workers" if s.workload.memory?
+
         "  #{s.workload.name}: #{s.servers.size} servers x #{s.cells.map { |c| c.join('/') }.join(', ')}, " \
           "#{s.workers} workers, #{s.connections} connections, #{s.duration} s"
       end

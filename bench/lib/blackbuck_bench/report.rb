@@ -6,6 +6,7 @@ require "time"
 require "open3"
 require_relative "machine"
 require_relative "workloads"
+require_relative "memory"
 
 module BlackbuckBench
   # Turns measurements into rows (median and spread per cell, ratios within the run) and writes
@@ -87,6 +88,7 @@ module BlackbuckBench
         "estimate" => @estimate,
         "servers" => @servers,
         "crosscheck" => @crosscheck,
+        "memory_targets" => memory_targets,
         "rows" => @rows
       }
     end
@@ -178,8 +180,20 @@ module BlackbuckBench
         "requests" => ok.sum { |m| m.result.requests.to_i },
         "rps_runs" => rps.map { |x| x.round(1) },
         "load" => load_settings.merge("command" => ok.first&.result&.command)
-      }
+      }.merge(memory_fields(mem.first))
     end
+
+    # The memory workload's figures (MemoryStep): smaps summary, warm-up, RUBYOPT and LD_PRELOAD.
+    def memory_fields(mem)
+      return {} unless mem&.key?(:smaps)
+
+      { "memory" => mem[:smaps].merge("warm_up" => mem[:warm], "rubyopt" => mem[:ruby_opts], "ld_preload" => mem[:ld_preload]) }
+    end
+
+    # { server => memory summary } of the measured memory rows, for Memory.evaluate
+    def memory_summaries = @rows.select { |r| r["memory"] }.to_h { |r| [r["server"], r["memory"]] }
+
+    def memory_targets = memory_summaries.empty? ? [] : Memory.evaluate(memory_summaries)
 
     # Per class (mixed workloads): medians of the runs' req/s, p50 and p99; max = the largest of
     # the runs' maxima; errors summed.
@@ -237,6 +251,10 @@ module BlackbuckBench
         w = WORKLOADS.find { |x| x.name == app }
         step = @plan.find { |x| x.workload.name == app }
         out << "### #{app} — #{w ? w.title : app}\n\n"
+        if w&.memory?
+          out << memory_md(rows, step)
+          next
+        end
         out << "#{step.workers} workers, #{step.connections} connections, #{fmt_num(step.duration, 1)} s x #{@opts[:repeat]} runs\n\n" if step
         out << (w&.mixed? ? mixed_table(rows) : plain_table(rows))
         bests = rows.map { |r| [r["transport"], r["mode"], r["best_peer"]] }.uniq.select(&:last)
@@ -273,6 +291,46 @@ module BlackbuckBench
         out << "| #{r['server']} | #{r['transport']} | #{MODE_LABEL[r['mode']]} | #{cells.join(' | ')} |\n"
       end
       out
+    end
+
+    # The memory workload: one table of figures, then the issue's targets with pass/fail.
+    def memory_md(rows, step)
+      out = +"#{step&.workers} workers of 1 thread per server, one server at a time: boot, warm-up of " \
+             "#{fmt_int(MemoryStep::WARM_REQUESTS)} requests spread over the #{MemoryRailsApp.endpoints.size} pages " \
+             "(blackbuck-load, #{step&.connections} keep-alive connections, UNIX socket), req/s over every page for " \
+             "#{fmt_num(step&.duration, 0)} s, then /proc/PID/smaps_rollup of every process of the server's tree. " \
+             "USS = Private_Clean + Private_Dirty (what the process alone costs); shared = (Shared_Clean + " \
+             "Shared_Dirty) / Rss; total PSS = every process (master, workers, molds). Read when every worker has " \
+             "served #{fmt_num(MemoryStep::MIN_SERVED_S, 0)} s under load since its fork (1 s top-ups of the same load until then: " \
+             "a worker a refork has just made owns almost nothing yet); served = the youngest worker's. Measured once per row.\n\n"
+      out << "| Server | USS KB/worker | USS min–max | PSS KB/worker | shared % | total PSS KB | processes | req/s | warm-up requests | served s (top-ups) | errors | RUBYOPT |\n"
+      out << "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|\n"
+      rows.each do |r|
+        m = r["memory"]
+        unless measured?(r) && m
+          out << "| #{r['server']} | **#{r['status']}** | #{r['reason'].to_s.gsub('|', '/')[0, 160]} | | | | | | | | | |\n"
+          next
+        end
+        errors = r["errors"].to_i + m.dig("warm_up", "errors").to_i
+        out << "| #{r['server']} | #{fmt_int(m['uss_kb_per_worker'])} | #{fmt_int(m['uss_kb_min'])}–#{fmt_int(m['uss_kb_max'])} | " \
+               "#{fmt_int(m['pss_kb_per_worker'])} | #{fmt_num(m['shared_pct_per_worker'], 1)} | #{fmt_int(m['total_pss_kb'])} | " \
+               "#{m['processes'].size} (#{m['workers_seen']} workers) | #{fmt_int(r['rps'])} | " \
+               "#{fmt_int(m.dig('warm_up', 'requests'))} | #{fmt_num(m.dig('warm_up', 'youngest_worker_served_s'), 1)} " \
+               "(#{m.dig('warm_up', 'top_ups') || 0}) | #{fmt_int(errors)} | #{m['rubyopt'] ? "`#{m['rubyopt']}`" : '–'} |\n"
+      end
+      out << "\n" << memory_targets_md
+    end
+
+    def memory_targets_md
+      out = +"Targets (issue 24; ratios of rows of this run):\n\n| Target | Blackbuck row | Peer row | Metric | Ratio | Limit | Result |\n|---|---|---|---|--:|--:|---|\n"
+      memory_targets.each do |t|
+        result = if t["pass"].nil? then "n/a (#{t['missing']} not measured)"
+                 else t["pass"] ? "**pass**" : "**FAIL**"
+                 end
+        out << "| #{t['label']} | #{t['server']} | #{t['base']} | #{t['metric']} | " \
+               "#{t['ratio'] ? format('%.2f', t['ratio']) : '–'} | ≤ #{t['limit']} | #{result} |\n"
+      end
+      out << "\n"
     end
 
     def mixed_table(rows)
@@ -415,7 +473,10 @@ module BlackbuckBench
       panels = apps.map do |app|
         rows = @rows.select { |r| r["app"] == app }
         servers = rows.map { |r| r["server"] }.uniq
-        if mixed?(app)
+        if memory?(app)
+          File.write(File.join(dir, "#{app}.dat"), memory_data(rows))
+          memory_panel(app, File.join(dir, "#{app}.dat"))
+        elsif mixed?(app)
           File.write(File.join(dir, "#{app}.dat"), mixed_data(app, servers))
           mixed_panel(app, File.join(dir, "#{app}.dat"))
         else
@@ -481,6 +542,33 @@ module BlackbuckBench
         set format y "%.0s%c"
         set title "#{app_title(app)}" font ",13"
         plot #{using.join(", \\\n     ")}
+      GP
+    end
+
+    def memory?(app) = WORKLOADS.find { |w| w.name == app }&.memory?
+
+    # The memory panel: MB per worker, USS (whiskers: the smallest and largest worker) and PSS.
+    def memory_data(rows)
+      lines = rows.map do |r|
+        m = r["memory"]
+        mb = ->(kb) { kb ? (kb / 1024.0).round(1) : 0 }
+        vals = m ? [m["uss_kb_per_worker"], m["uss_kb_min"], m["uss_kb_max"]].map(&mb) + [mb.call(m["pss_kb_per_worker"])] * 3 : [0] * 6
+        "\"#{label_for(r['server'], r['app'])}\" #{vals.join(' ')}"
+      end
+      "# server uss(mean min max) pss(mean mean mean), MB per worker\n#{lines.join("\n")}\n"
+    end
+
+    def memory_panel(app, file)
+      <<~GP
+        unset logscale y
+        set yrange [0:*]
+        set ylabel "MB per worker (lower is better)"
+        set format y "%g"
+        set xtics rotate by -30
+        set title "#{app_title(app)}" font ",13"
+        plot "#{file}" using 2:3:4:xtic(1) title "USS per worker (whiskers: min–max)" lc rgb "#9467bd", \\
+             "#{file}" using 5:6:7 title "PSS per worker" lc rgb "#c5b0d5"
+        set xtics norotate
       GP
     end
 

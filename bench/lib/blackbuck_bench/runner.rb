@@ -14,6 +14,7 @@ require_relative "machine"
 require_relative "report"
 require_relative "plan"
 require_relative "stats"
+require_relative "memory"
 
 module BlackbuckBench
   # One measurement of one cell (server, workload, transport, mode) — or why there is none.
@@ -127,6 +128,8 @@ module BlackbuckBench
 
     def run_step(step)
       @step = step
+      return run_memory_step(step) if step.workload.memory?
+
       app = step.workload.name
       step.servers.each_slice(BOOT_PARALLEL) do |batch|
         booting = batch.filter_map { |name| spawn_server(name, step) }
@@ -151,6 +154,12 @@ module BlackbuckBench
       @running.each_value(&:terminate)
       @running.each_value(&:stop)
       @running.clear
+    end
+
+    # One server at a time, its own procedure (memory.rb).
+    def run_memory_step(step)
+      @measurements.concat(MemoryStep.new(step: step, scratch: @scratch, sockdir: @sockdir, log: method(:log),
+                                          info: method(:server_info)).run)
     end
 
     def server_info(recipe)

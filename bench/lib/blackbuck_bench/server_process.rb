@@ -16,7 +16,9 @@ module BlackbuckBench
 
     attr_reader :recipe, :ctx, :pid, :log_path, :probe
 
-    def initialize(recipe, ctx, env)
+    # boot_timeout: seconds; more for a Rails app with 4 workers (the memory workload)
+    def initialize(recipe, ctx, env, boot_timeout: BOOT_TIMEOUT_S)
+      @boot_timeout = boot_timeout
       @recipe = recipe
       @ctx = ctx
       @env = env
@@ -113,10 +115,10 @@ module BlackbuckBench
     def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
     def wait_ready!
-      deadline = @started + BOOT_TIMEOUT_S
+      deadline = @started + @boot_timeout
       until ready?
         raise BootError, "exited during boot" unless alive?
-        raise BootError, "not ready after #{BOOT_TIMEOUT_S}s" if monotonic > deadline
+        raise BootError, "not ready after #{@boot_timeout}s" if monotonic > deadline
 
         sleep 0.1
       end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../../apps/memory_rails/generate"
+
 module BlackbuckBench
   # Every server's launch recipe, in one place. A recipe turns (app, workers, listeners, scratch
   # dir) into a command line plus whatever config file it needs, and says how to recognise the
@@ -15,15 +17,21 @@ module BlackbuckBench
   #
   # Every Ruby recipe has a YJIT twin, NAME+yjit: the same command with RUBY_YJIT_ENABLE=1.
   class Recipe
-    attr_reader :name, :summary, :worker_re, :ready_re, :env, :gem
+    attr_reader :name, :summary, :worker_re, :ready_re, :env, :gem, :only, :reforked_re
 
     # gem: the RubyGems name bench/setup installs for it (its failure reason is shown when absent)
     # ruby: a Ruby server (gets a +yjit twin); yjit_variant: its twin runs only when named
     # threaded: runs only on the workloads that wait (Workload#threaded): Blackbuck with app threads
     # and Puma 8 with 2 threads, its yardstick there
+    # only: the one workload it runs (the memory workload's rows: they boot its Rails app)
+    # reforked_re: a log line each re-forked worker prints; the memory workload waits for
+    # workers - 1 of them (Puma's fork_worker), sending SIGURG when the warm-up did not trigger it
     def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, variant: false,
-                   ruby: true, gem: nil, env: {}, yjit_variant: false, threaded: false, &build)
+                   ruby: true, gem: nil, env: {}, yjit_variant: false, threaded: false, only: nil,
+                   reforked_re: nil, &build)
       @name = name
+      @only = only
+      @reforked_re = reforked_re
       @threaded = threaded
       @variant = variant
       @summary = summary
@@ -391,8 +399,95 @@ module BlackbuckBench
       { argv: [nginx_path, "-e", "stderr", "-p", ctx.dir, "-c", conf], chdir: ctx.dir }
     end
 
+    # --- The memory workload's rows (issue 24): each server on the generated Rails app
+    # (bench/apps/memory_rails), 4 workers of 1 thread, preloaded where the server can, in the
+    # app's directory (its sqlite3 path is relative). Blackbuck runs in the app's own bundle (its
+    # Gemfile names this checkout, as a user's would); the peers outside it, with the Rails gem
+    # directory on GEM_PATH, so that config/boot.rb's bundler/setup finds the versions they
+    # activated already (rack 3.2.8, logger, nio4r: the same in both directories).
+    JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    YJIT_EXEC_MEM_MB = 256 # Ruby 3.1's default --yjit-exec-mem-size, written out so the report shows it
+    REFORK_AFTER = "refork_after [50, 100, 1000]" # the same directive for Blackbuck and Pitchfork
+
+    # BENCH_MEMORY_APP=DIR: another generated app (default: bench/setup's, in this checkout's tmp/)
+    MEMORY_APP_DIR = ENV.fetch("BENCH_MEMORY_APP", MemoryRailsApp::DIR)
+
+    def self.memory_app_dir = MEMORY_APP_DIR
+
+    # Blackbuck with config-file lines (warmup, refork_after: directives another change adds; an
+    # older Blackbuck exits on them with "unknown directive", and the row says so).
+    def self.blackbuck_memory(name, summary, lines: [], env: {}, executable: -> { first_existing(File.join(ROOT, "exe/blackbuck")) })
+      Recipe.new(name: name, summary: summary, only: "memory", bundled: true, env: env, executable: executable,
+                 worker_re: /\Ablackbuck worker/, ready_re: /worker \d+ .*ready/) do |ctx|
+        conf = lines.empty? ? [] : ["-c", ctx.write("blackbuck.rb", lines.map { |l| l.respond_to?(:call) ? l.call(ctx) : l }.join("\n") + "\n")]
+        { argv: ["bundle", "exec", File.join(ROOT, "exe/blackbuck"), "-w", ctx.workers.to_s, *conf, "-l", ctx.tcp,
+                 "-l", "unix:#{ctx.unix_path}", "config.ru"], chdir: memory_app_dir }
+      end
+    end
+
+    # `warmup "/a", "/b", ...`: every endpoint the workload loads
+    WARMUP_LINE = ->(_ctx) { "warmup #{MemoryRailsApp.endpoints.map(&:inspect).join(', ')}" }
+
+    def self.in_app_dir(cmd) = cmd.merge(chdir: memory_app_dir)
+
+    MEMORY_BASE = [
+      blackbuck_memory("blackbuck-defaults", "blackbuck -w 4, defaults (always preloaded)"),
+      blackbuck_memory("blackbuck-warmup", "blackbuck -w 4, config `warmup` with every endpoint", lines: [WARMUP_LINE]),
+      blackbuck_memory("blackbuck-refork", "blackbuck -w 4, config `#{REFORK_AFTER}`", lines: [REFORK_AFTER]),
+      blackbuck_memory("blackbuck-warmup-refork", "blackbuck -w 4, config `warmup` (every endpoint) and `#{REFORK_AFTER}`",
+                       lines: [WARMUP_LINE, REFORK_AFTER]),
+      blackbuck_memory("blackbuck-jemalloc", "blackbuck -w 4, defaults, LD_PRELOAD=#{JEMALLOC}",
+                       env: { "LD_PRELOAD" => JEMALLOC },
+                       executable: -> { File.exist?(JEMALLOC) ? first_existing(File.join(ROOT, "exe/blackbuck")) : nil }),
+      blackbuck_memory("blackbuck-warmup-jemalloc", "blackbuck -w 4, config `warmup`, LD_PRELOAD=#{JEMALLOC}",
+                       lines: [WARMUP_LINE], env: { "LD_PRELOAD" => JEMALLOC },
+                       executable: -> { File.exist?(JEMALLOC) ? first_existing(File.join(ROOT, "exe/blackbuck")) : nil }),
+      Recipe.new(name: "pitchfork-refork", gem: "pitchfork", only: "memory",
+                 summary: "pitchfork 0.18, worker_processes 4, #{REFORK_AFTER}, -E none",
+                 executable: -> { bench_bin("pitchfork") }, worker_re: /pitchfork.*worker\[\d+\]/,
+                 ready_re: /worker=\d+ gen=\d+ .*ready/) do |ctx|
+        conf = ctx.write("pitchfork.conf.rb", unicorn_like_config(ctx, REFORK_AFTER))
+        in_app_dir(argv: [bench_bin("pitchfork"), "-E", "none", "-c", conf, "config.ru"])
+      end,
+      Recipe.new(name: "puma8-preload", gem: "puma", only: "memory",
+                 summary: "Puma 8, workers 4, threads 1:1, preload_app!",
+                 executable: -> { bench_bin("puma") }, worker_re: /puma: cluster worker/,
+                 ready_re: /Worker \d+ \(PID: \d+\) booted/) { |ctx| in_app_dir(puma_command(ctx, bench_bin("puma"), 1)) },
+      # fork_worker: worker 0 serves and is the mold; after its first 1000 requests (Puma's default)
+      # the master re-forks workers 1..3 from it, once. The row is read after that refork.
+      Recipe.new(name: "puma8-fork-worker", gem: "puma", only: "memory",
+                 summary: "Puma 8, workers 4, threads 1:1, fork_worker (refork after worker 0's 1000th request, or SIGURG); read after the refork",
+                 executable: -> { bench_bin("puma") }, worker_re: /puma: cluster worker/,
+                 ready_re: /Worker \d+ \(PID: \d+\) booted/, reforked_re: /Worker [1-9]\d* \(PID: \d+\) booted.*phase: 1/) do |ctx|
+        conf = ctx.write("puma.rb", puma_config(ctx, 1).sub("preload_app!\n", "fork_worker\n"))
+        in_app_dir(argv: [bench_bin("puma"), "-C", conf, "config.ru"])
+      end,
+      Recipe.new(name: "unicorn-preload", only: "memory", summary: "Debian unicorn, worker_processes 4, preload_app true, -E none",
+                 executable: -> { which("unicorn") }, worker_re: /unicorn.*worker\[\d+\]/,
+                 ready_re: /worker=\d+ ready/) do |ctx|
+        conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
+        in_app_dir(argv: ["unicorn", "-E", "none", "-c", conf, "config.ru"])
+      end,
+      Recipe.new(name: "iodine-4x1", gem: "iodine", only: "memory", summary: "Iodine 0.7, -w 4 -t 1 (app loaded before the fork)",
+                 executable: -> { bench_bin("iodine") }, worker_re: nil,
+                 ready_re: /INFO: \d+ is running/) { |ctx| in_app_dir(iodine_command(ctx, 1)) }
+    ].freeze
+
+    # Each memory row with YJIT (RUBYOPT, read by every process: --yjit-exec-mem-size written out),
+    # and the warmup + refork row once more with a 64 MiB code region.
+    def self.memory_yjit(recipe, mem_mb, suffix = "+yjit")
+      opt = "--yjit --yjit-exec-mem-size=#{mem_mb}"
+      Recipe.new(name: "#{recipe.name}#{suffix}", summary: "#{recipe.summary}; RUBYOPT=#{opt}", only: "memory",
+                 executable: -> { recipe.executable_path }, worker_re: recipe.worker_re, ready_re: recipe.ready_re,
+                 bundled: recipe.bundled?, gem: recipe.gem, env: recipe.env.merge("RUBYOPT" => opt),
+                 reforked_re: recipe.reforked_re) { |ctx| recipe.command(ctx) }
+    end
+
+    MEMORY = (MEMORY_BASE.flat_map { |r| r.name.include?("jemalloc") ? [r] : [r, memory_yjit(r, YJIT_EXEC_MEM_MB)] } +
+              [memory_yjit(MEMORY_BASE.find { |r| r.name == "blackbuck-warmup-refork" }, 64, "+yjit64")]).freeze
+
     # Falcon has no twin: it cannot be installed on this Ruby, and a second absent row says nothing.
-    ALL = BASE.flat_map { |r| r.ruby? && r.name != "falcon" && !r.threaded? ? [r, r.with_yjit] : [r] }.freeze
+    ALL = (BASE.flat_map { |r| r.ruby? && r.name != "falcon" && !r.threaded? ? [r, r.with_yjit] : [r] } + MEMORY).freeze
 
     def self.nginx_path = first_existing("/usr/sbin/nginx", which("nginx"))
 
