@@ -55,8 +55,8 @@ module Blackbuck
     end
 
     # Seconds spent preparing the heap for fork (Heap). logger: where its line goes, or nil.
-    def self.prepare_heap(logger: nil)
-      heap = Heap.new
+    def self.prepare_heap(logger: nil, compact: true)
+      heap = Heap.new(compact: compact)
       seconds = heap.prepare
       logger&.info("heap prepared for fork in #{format('%.2f', seconds)} s: #{heap.summary}")
       seconds
@@ -257,7 +257,9 @@ module Blackbuck
 
       attr_reader :steps, :before, :after, :released_kib
 
-      def initialize
+      # compact: GC.compact too (on Ruby < 3.3; Process.warmup decides for itself).
+      def initialize(compact: true)
+        @compact = compact
         @steps = []
         @released_kib = nil
       end
@@ -292,7 +294,7 @@ module Blackbuck
       def emulate_warmup
         coderanges
         full_gcs
-        compact
+        compact if @compact
         trim_malloc
       end
 

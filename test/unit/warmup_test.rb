@@ -211,4 +211,15 @@ class WarmupHeapTest < Minitest::Test
     assert_match(/coderange of [\d,]+ strings/, heap.steps.first)
     assert_operator heap.steps.size, :>=, 4, heap.steps.inspect
   end
+
+  # The mold's step (Mold#prepare_heap): no compaction, so the pages it shares with the master stay shared.
+  def test_the_mold_step_does_not_compact
+    skip "Process.warmup decides for itself" if Process.respond_to?(:warmup)
+
+    before = GC.stat(:compact_count)
+    heap = Blackbuck::Warmup::Heap.new(compact: false)
+    heap.prepare
+    assert_equal before, GC.stat(:compact_count)
+    refute(heap.steps.any? { |step| step.include?("compact") }, heap.steps.inspect)
+  end
 end
