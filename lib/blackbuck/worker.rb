@@ -132,6 +132,7 @@ module Blackbuck
       @balancer.stop
       if @role == :mold
         @logger.info("worker #{@index} (pid #{Process.pid}) became the mold after #{@served} requests")
+        @connections.drop_all # what graceful_timeout cut short: the mold must hold no client's socket
         @poller.close
         @control.close
       else
@@ -331,8 +332,10 @@ module Blackbuck
         begin_graceful_stop("asked by master")
       elsif msg.include?(PROMOTE_MESSAGE)
         promote
-      else
+      elsif msg.include?(RETIRE_MESSAGE)
         retire("replaced by a worker of the new generation (refork)")
+      else
+        begin_graceful_stop("asked by master")
       end
     end
 
