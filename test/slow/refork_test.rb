@@ -73,9 +73,7 @@ class ReforkTest < ServerTest
     before = idle.map { |io| warm_get(io).first }
     assert_operator before.uniq.size, :>=, 1
     wait_for(60, "a refork") do
-      io = server.tcp
-      warm_get(io)
-      io.close
+      fresh_gets(server, 1)
       s = status(server)
       s["refork"]["generation"] == 1 && s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
     end
@@ -105,10 +103,7 @@ class ReforkTest < ServerTest
     end
     assert_equal ["master"], s["workers"].reject { |w| w["generation"] == 1 && w["forked_by"] == "mold" }.map { |w| w["forked_by"] }
     assert_nil s.dig("refork", "mold")
-    io = server.tcp
-    assert_equal 200, request(io, "GET", "/").status
-  ensure
-    io&.close
+    assert_serves(server)
   end
 
   # A mold that does not answer (stopped) is given FORK_SECONDS, then killed; the master forks.
@@ -126,10 +121,8 @@ class ReforkTest < ServerTest
     end
     assert_nil s.dig("refork", "mold")
     wait_for(15, "the stopped mold killed") { !alive?(mold) }
-    io = server.tcp
-    assert_equal 200, request(io, "GET", "/").status
+    assert_serves(server)
   ensure
-    io&.close
     begin
       Process.kill(:KILL, mold) if mold
     rescue Errno::ESRCH
@@ -153,26 +146,15 @@ class ReforkTest < ServerTest
     assert_equal 0, s.dig("refork", "generation")
     assert_equal %w[master master], s["workers"].map { |w| w["forked_by"] }
     wait_for(15, "the old mold gone") { !alive?(mold) }
-    io = server.tcp
-    assert_equal 200, request(io, "GET", "/").status
-  ensure
-    io&.close
+    assert_serves(server)
   end
 
   def test_an_app_that_is_not_fork_safe_is_never_reforked
     server = start_reforking([5], workers: 2, env: { "REFORK_UNSAFE" => "1" })
     pids = server.worker_pids
-    20.times do
-      io = server.tcp
-      warm_get(io)
-      io.close
-    end
+    fresh_gets(server, 20)
     assert_logged(server, /refork: worker \d \(pid \d+\) is not fork-safe \(the test app said so \(REFORK_UNSAFE\)\); reforking is off/, 30)
-    20.times do
-      io = server.tcp
-      warm_get(io)
-      io.close
-    end
+    fresh_gets(server, 20)
     s = status(server)
     assert_equal 0, s.dig("refork", "generation")
     assert_nil s.dig("refork", "mold")
@@ -181,6 +163,23 @@ class ReforkTest < ServerTest
   end
 
   private
+
+  # n GETs, each on a new connection (they go to whichever worker accepts).
+  def fresh_gets(server, n)
+    n.times do
+      io = server.tcp
+      warm_get(io)
+    ensure
+      io&.close
+    end
+  end
+
+  def assert_serves(server)
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status
+  ensure
+    io&.close
+  end
 
   # Four keep-alive clients (connections from the block) send GET / one at a time until generation
   # gen has replaced every worker. Returns [that /status, requests sent]; fails on any failed request.
@@ -222,9 +221,7 @@ class ReforkTest < ServerTest
   # Requests on fresh connections until generation gen has a mold and only its workers.
   def drive_to_generation(server, gen)
     wait_for(60, "refork generation #{gen}") do
-      io = server.tcp
-      warm_get(io)
-      io.close
+      fresh_gets(server, 1)
       s = status(server)
       s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
            s["workers"].all? { |w| w["generation"] == gen && w["state"] != "starting" }
