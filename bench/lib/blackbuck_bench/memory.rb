@@ -139,7 +139,9 @@ module BlackbuckBench
     # A worker forked moments ago (a refork's new generation) has served nothing and owns almost
     # nothing: its USS says nothing about the server. smaps is read again after TOP_UP_S more of
     # the same load until every worker has served MIN_SERVED_S under load (at most MAX_TOP_UPS
-    # times; the row records how many and the youngest worker's serving time).
+    # times; the row records how many and the youngest worker's serving time). A server caught in
+    # the middle of a refork (a worker retired, its replacement not forked yet: Pitchfork with YJIT
+    # was read so once, with 3 workers and a fresh mold) is read again after a top-up too.
     MIN_SERVED_S = 3.0
     TOP_UP_S = 1
     MAX_TOP_UPS = 15
@@ -280,7 +282,8 @@ module BlackbuckBench
         procs = Memory.sample(server.pid, recipe.worker_re)
         youngest = Memory.youngest_worker_age_s(procs)
         served = youngest && (youngest - (monotonic - load_end)).round(1)
-        return [procs, top_ups, served] if served.nil? || served >= MIN_SERVED_S || top_ups >= MAX_TOP_UPS
+        complete = procs.count { |p| p.role == "worker" } >= @step.workers
+        return [procs, top_ups, served] if top_ups >= MAX_TOP_UPS || (complete && (served.nil? || served >= MIN_SERVED_S))
 
         run_load(server, TOP_UP_S, File.join(dir, "top-up-#{top_ups += 1}"))
         load_end = monotonic
