@@ -161,7 +161,7 @@ module Blackbuck
     # max_requests_per_child: the request that reaches the limit begins the stop before it runs, so
     # its response says "Connection: close" and its client is never promised one more.
     def last_request(limit)
-      begin_graceful_stop("reached #{limit} requests (max_requests_per_child)")
+      retire("reached #{limit} requests (max_requests_per_child)")
     end
 
     def pause_accepting
@@ -439,7 +439,7 @@ module Blackbuck
     def check_memory
       return unless (kib = @memory.over_limit(@woke_at))
 
-      begin_graceful_stop("#{@memory.measure.upcase} #{kib} KiB is over max_memory_per_child (#{@memory.limit_kib} KiB)")
+      retire("#{@memory.measure.upcase} #{kib} KiB is over max_memory_per_child (#{@memory.limit_kib} KiB)")
     end
   end
 end

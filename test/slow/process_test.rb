@@ -86,6 +86,32 @@ class ProcessLifecycleTest < ServerTest
     io2&.close
   end
 
+  # A recycled worker's idle keep-alive connections move to its sibling (Worker#retire) instead of
+  # being drained and closed under a client that may send its next request at that moment: each
+  # answers its next request after both original workers are gone. (Drained, each was closed.)
+  def test_idle_keep_alive_connections_outlive_a_recycle
+    server = start_both(["--max-requests-per-child", "20"], app: "refork.ru", workers: 2)
+    idle = Array.new(4) { server.unix }
+    first = idle.map { |io| pid_in(request(io, "GET", "/")) }
+    originals = server.worker_pids.first(2)
+    wait_for(60, "both original workers recycled") do
+      io = server.tcp
+      request(io, "GET", "/")
+      io.close
+      originals.all? { |pid| server.log.match?(/worker \d \(pid #{pid}\) exiting after/) }
+    end
+    idle.each_with_index do |io, i|
+      res = request(io, "GET", "/")
+      assert_equal 200, res&.status, "idle connection #{i} (first served by #{first[i]}) after the recycle:\n#{server.log}"
+      refute_includes originals, pid_in(res)
+    end
+    assert_match(/moved \d+ idle connections to its siblings/, server.log)
+  ensure
+    idle&.each(&:close)
+  end
+
+  def pid_in(res) = Integer(res.body[/pid=(\d+)/, 1])
+
   def test_recycling_after_max_requests_with_jitter_and_no_failed_request
     server = start_server(["-l", "127.0.0.1:0", "--max-requests-per-child", "6", "--min-requests-per-child", "3"],
                           app: "kitchen.ru")
