@@ -134,7 +134,8 @@ module Blackbuck
         @wanted -= 1 if @wanted > 1
         @logger.info("TTOU: workers = #{@wanted}")
         @announced = false
-        @children.each { |c| @children.tell_stop(c) if c.index >= @wanted }
+        # the others serve on: it retires (its idle connections move to them)
+        @children.each { |c| @children.tell_stop(c, Worker::RETIRE_MESSAGE) if c.index >= @wanted }
       when :USR1
         reopen_log
         @children.signal_all(:USR1) # old ones still write to it too
