@@ -333,7 +333,7 @@ module Blackbuck
       elsif msg.include?(PROMOTE_MESSAGE)
         promote
       elsif msg.include?(RETIRE_MESSAGE)
-        retire("replaced by a worker of the new generation (refork)")
+        retire("asked by master to retire (the others serve on)")
       else
         begin_graceful_stop("asked by master")
       end
