@@ -8,6 +8,7 @@ require_relative "servers"
 require_relative "server_process"
 require_relative "drivers"
 require_relative "machine"
+require_relative "local"
 
 module BlackbuckBench
   # The memory workload's arithmetic (issue 24): what one /proc/PID/smaps_rollup says, what a
@@ -131,6 +132,8 @@ module BlackbuckBench
   # fork, reforked or not), then stop. Measured once: memory after a fixed warm-up does not need
   # the interleaved repetitions that req/s does, and a row costs ~30 s.
   class MemoryStep
+    include Local
+
     WARM_REQUESTS = 6_000  # the issue's warm-up: ~65 requests per page, ~1,500 per worker
     WARM_CHUNK_S = 3       # the warm-up runs the load tool in chunks until WARM_REQUESTS are done
     WARM_MAX_S = 120       # ... or this long has passed (a slow server is read with what it served)
@@ -330,13 +333,5 @@ module BlackbuckBench
 
     def scratch_dir(dir, name) = File.join(dir, name).tap { |d| FileUtils.mkdir_p(d) }
 
-    def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-    def free_port
-      s = TCPServer.new("127.0.0.1", 0)
-      s.addr[1]
-    ensure
-      s&.close
-    end
   end
 end

@@ -15,6 +15,7 @@ require_relative "report"
 require_relative "plan"
 require_relative "stats"
 require_relative "memory"
+require_relative "local"
 
 module BlackbuckBench
   # One measurement of one cell (server, workload, transport, mode) — or why there is none.
@@ -44,6 +45,8 @@ module BlackbuckBench
   # slow drift of the machine (other builds, thermal) hits every server alike. A server that
   # fails to boot, dies, or makes the tool fail gets a failed row; the run goes on.
   class Runner
+    include Local
+
     ROOT = File.expand_path("../../..", __dir__)
     BOOT_PARALLEL = 4 # servers booting at once: boots are CPU-bound, and 2 cores are shared
     RAILS_GEMFILE = File.join(ROOT, "gemfiles", "rails61.gemfile")
@@ -389,15 +392,6 @@ module BlackbuckBench
       pct = ((Procfs.cpu_seconds(server.pid) - b[:cpu0] - b[:cpu]) / idle_s * 100).round(1)
       (@servers[name]["idle_cpu_pct"] ||= {})[app] = pct
       log "#{name}/#{app}: #{pct}% CPU while idle#{pct > IDLE_CPU_WARN_PCT ? ' — WARNING: it slows the others' : ''}"
-    end
-
-    def monotonic = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-    def free_port
-      s = TCPServer.new("127.0.0.1", 0)
-      s.addr[1]
-    ensure
-      s&.close
     end
   end
 end
