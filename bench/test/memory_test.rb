@@ -100,22 +100,26 @@ class MemoryTest < Minitest::Test
 
   def test_targets_pass_fail_and_missing
     s = summaries("blackbuck-refork": [40_000, 0], "pitchfork-refork": [50_000, 300_000],
-                  "blackbuck-warmup-refork": [33_000, 230_000], "blackbuck-defaults": [65_000, 0],
-                  "unicorn-preload": [64_000, 0])
+                  "blackbuck-warmup-refork-jemalloc": [33_000, 230_000], "blackbuck-defaults": [65_000, 0],
+                  "unicorn-preload": [64_000, 0], "blackbuck-warmup-refork": [39_000, 300_000])
     t = Memory.evaluate(s).to_h { |x| [x["label"], x] }
     refork = t["reforking alone: USS per worker"]
     assert_in_delta 0.8, refork["ratio"]
     assert refork["pass"], "0.8 is within <= 0.8x"
-    uss = t["warmup + refork: USS per worker"]
+    uss = t["warmup + refork (+ jemalloc): USS per worker"]
     assert_in_delta 0.66, uss["ratio"]
     assert_equal false, uss["pass"]
-    assert_in_delta 0.767, t["warmup + refork: total PSS"]["ratio"], 0.001
-    assert t["warmup + refork: total PSS"]["pass"]
+    assert_in_delta 0.767, t["warmup + refork (+ jemalloc): total PSS"]["ratio"], 0.001
+    assert t["warmup + refork (+ jemalloc): total PSS"]["pass"]
     defaults = t["defaults: USS per worker"]
     assert_equal false, defaults["pass"], "65,000 > 64,000: more than Unicorn's"
-    yjit = t["warmup + refork, YJIT: total PSS"]
+    yjit = t["warmup + refork (+ jemalloc), YJIT (64 MiB): total PSS"]
     assert_nil yjit["pass"]
-    assert_equal "blackbuck-warmup-refork+yjit and pitchfork-refork+yjit", yjit["missing"]
+    assert_equal "blackbuck-warmup-refork-jemalloc+yjit64 and pitchfork-refork+yjit", yjit["missing"]
+    glibc = t["(comparison) warmup + refork, glibc: USS per worker"]
+    assert_in_delta 0.78, glibc["ratio"]
+    assert_nil glibc["pass"], "a comparison has no limit to pass or fail"
+    assert_nil glibc["missing"]
   end
 
   def test_targets_name_rows_that_exist
@@ -195,6 +199,7 @@ class MemoryTest < Minitest::Test
     assert_match(/\| blackbuck-warmup \| \*\*failed\*\* \| boot: exited during boot; log tail: unknown directive warmup/, md)
     assert_match(/\| reforking alone: USS per worker \| blackbuck-refork \| pitchfork-refork \| uss_kb_per_worker \| 0\.80 \| ≤ 0\.8 \| \*\*pass\*\* \|/, md)
     assert_match(/defaults: USS per worker .* n\/a \(blackbuck-defaults and unicorn-preload not measured\)/, md)
-    assert_equal 5, report.document["memory_targets"].size
+    assert_match(/\| \(comparison\) warmup \+ refork, glibc: USS per worker .* \| – \| n\/a \(blackbuck-warmup-refork not measured\) \|/, md)
+    assert_equal Memory::TARGETS.size, report.document["memory_targets"].size
   end
 end

@@ -3,7 +3,8 @@
 # Generates the memory workload's Rails app (bench/README.md, "memory"): what `rails new` of Rails
 # 7.2.4 makes with its defaults but JavaScript, 15 related scaffolds, ~640 seeded rows, readied for
 # production as a deploy does (database created, migrated and seeded; assets precompiled). Not
-# committed: made by bench/setup into tmp/bench-rails-memory of the checkout.
+# committed: made into tmp/bench-rails-memory of the checkout by the harness when the memory workload
+# first runs (BlackbuckBench::MemoryRun), or by hand with the command below.
 #
 #   ruby bench/apps/memory_rails/generate.rb [DIR]
 #
@@ -185,7 +186,11 @@ module MemoryRailsApp
       pid = Process.spawn(clean.merge(env), *cmd, chdir: chdir, out: [@log, "a"], err: %i[child out],
                                                   pgroup: true, unsetenv_others: true)
       status = wait(pid)
-      raise "#{cmd.join(' ')} failed (#{status.inspect}):\n#{File.read(@log).lines.last(20).join}" unless status&.success?
+      return if status&.success?
+
+      # the error's own lines, not Ruby's backtrace ("\tfrom ...") that follows them
+      said = File.read(@log).lines.last(60).grep_v(/^\s+from /).last(5).join.strip
+      raise "#{cmd.join(' ')} failed (#{status ? "exit #{status.exitstatus || status}" : "no end in #{STEP_TIMEOUT_S}s"}): #{said}"
     end
 
     def wait(pid)

@@ -19,8 +19,9 @@ module BlackbuckBench
     DRIVER_SLACK = { "h2load" => 1.5 }.freeze
     MIN_RATE_WARMUP_S = 0.5 # warm-up that measures a rate for h2load's request count (even in quick)
     # One memory row: Rails boot with 4 workers, the 6,000-request warm-up, the req/s load, the
-    # stop (measured: 35-40 s a row on the 2-core machine, most of it the warm-up)
-    MEMORY_ROW_S = 40
+    # stop, most of it the warm-up (measured: 21 rows in 503 s, bench/results/memory.md; a
+    # margin for rows whose refork takes top-ups)
+    MEMORY_ROW_S = 30
     MEMORY_BUDGET_S = 15 * 60 # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S
 
     # yjit_cells: the cells the +yjit twins run (all of them, but only the first in --quick)

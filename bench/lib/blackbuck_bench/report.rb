@@ -324,11 +324,12 @@ module BlackbuckBench
     def memory_targets_md
       out = +"Targets (issue 24; ratios of rows of this run):\n\n| Target | Blackbuck row | Peer row | Metric | Ratio | Limit | Result |\n|---|---|---|---|--:|--:|---|\n"
       memory_targets.each do |t|
-        result = if t["pass"].nil? then "n/a (#{t['missing']} not measured)"
+        result = if t["missing"] then "n/a (#{t['missing']} not measured)"
+                 elsif t["limit"].nil? then "comparison"
                  else t["pass"] ? "**pass**" : "**FAIL**"
                  end
         out << "| #{t['label']} | #{t['server']} | #{t['base']} | #{t['metric']} | " \
-               "#{t['ratio'] ? format('%.2f', t['ratio']) : '–'} | ≤ #{t['limit']} | #{result} |\n"
+               "#{t['ratio'] ? format('%.2f', t['ratio']) : '–'} | #{t['limit'] ? "≤ #{t['limit']}" : '–'} | #{result} |\n"
       end
       out << "\n"
     end

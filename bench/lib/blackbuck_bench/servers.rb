@@ -442,9 +442,24 @@ module BlackbuckBench
       blackbuck_memory("blackbuck-warmup-jemalloc", "blackbuck -w 4, config `warmup`, LD_PRELOAD=#{JEMALLOC}",
                        lines: [WARMUP_LINE], env: { "LD_PRELOAD" => JEMALLOC },
                        executable: -> { File.exist?(JEMALLOC) ? first_existing(File.join(ROOT, "exe/blackbuck")) : nil }),
+      # the targets' configuration: what docs/DEPLOY.md's "Memory" section recommends, all three
+      # (jemalloc by its directive: the blackbuck command restarts itself with it preloaded)
+      blackbuck_memory("blackbuck-warmup-refork-jemalloc",
+                       "blackbuck -w 4, config `warmup` (every endpoint), `#{REFORK_AFTER}`, `jemalloc true`",
+                       lines: [WARMUP_LINE, REFORK_AFTER, "jemalloc true"],
+                       executable: -> { File.exist?(JEMALLOC) ? first_existing(File.join(ROOT, "exe/blackbuck")) : nil }),
       Recipe.new(name: "pitchfork-refork", gem: "pitchfork", only: "memory",
                  summary: "pitchfork 0.18, worker_processes 4, #{REFORK_AFTER}, -E none",
                  executable: -> { bench_bin("pitchfork") }, worker_re: /pitchfork.*worker\[\d+\]/,
+                 ready_re: /worker=\d+ gen=\d+ .*ready/) do |ctx|
+        conf = ctx.write("pitchfork.conf.rb", unicorn_like_config(ctx, REFORK_AFTER))
+        in_app_dir(argv: [bench_bin("pitchfork"), "-E", "none", "-c", conf, "config.ru"])
+      end,
+      # Pitchfork on the same allocator: not a target, the comparison at equal footing
+      Recipe.new(name: "pitchfork-refork-jemalloc", gem: "pitchfork", only: "memory",
+                 summary: "pitchfork 0.18, worker_processes 4, #{REFORK_AFTER}, -E none, LD_PRELOAD=#{JEMALLOC}",
+                 env: { "LD_PRELOAD" => JEMALLOC },
+                 executable: -> { File.exist?(JEMALLOC) ? bench_bin("pitchfork") : nil }, worker_re: /pitchfork.*worker\[\d+\]/,
                  ready_re: /worker=\d+ gen=\d+ .*ready/) do |ctx|
         conf = ctx.write("pitchfork.conf.rb", unicorn_like_config(ctx, REFORK_AFTER))
         in_app_dir(argv: [bench_bin("pitchfork"), "-E", "none", "-c", conf, "config.ru"])
@@ -483,8 +498,12 @@ module BlackbuckBench
                  reforked_re: recipe.reforked_re) { |ctx| recipe.command(ctx) }
     end
 
+    # The jemalloc rows run with a 64 MiB code region only (the target's YJIT configuration, and
+    # Pitchfork's at equal footing).
     MEMORY = (MEMORY_BASE.flat_map { |r| r.name.include?("jemalloc") ? [r] : [r, memory_yjit(r, YJIT_EXEC_MEM_MB)] } +
-              [memory_yjit(MEMORY_BASE.find { |r| r.name == "blackbuck-warmup-refork" }, 64, "+yjit64")]).freeze
+              %w[blackbuck-warmup-refork blackbuck-warmup-refork-jemalloc pitchfork-refork-jemalloc].map do |name|
+                memory_yjit(MEMORY_BASE.find { |r| r.name == name }, 64, "+yjit64")
+              end).freeze
 
     # Falcon has no twin: it cannot be installed on this Ruby, and a second absent row says nothing.
     ALL = (BASE.flat_map { |r| r.ruby? && r.name != "falcon" && !r.threaded? ? [r, r.with_yjit] : [r] } + MEMORY).freeze
