@@ -53,7 +53,10 @@ module Blackbuck
       config.finalize!(@env)
       @debug = config[:debug]
       reexec_for_jemalloc(argv) if config[:jemalloc] # before the app loads: malloc is bound at exec
-      app = load_app(config)
+      # Reforking: the master does not load the app, a mold does (Refork), so nothing of it stays in
+      # the master once a refork makes a warmer mold. --check loads it here, as ever.
+      lean = !config[:refork_after].empty? && !@check
+      app = load_app(config) unless lean
       if @check
         # HUP's boot check runs the warm-up too: new code whose warm-up fails must not be exec'd
         Warmup.new(config, app, Logger.new(@err, debug: @debug)).run if Warmup.wanted?(config)
@@ -63,7 +66,7 @@ module Blackbuck
       Reexec.command = [RbConfig.ruby, File.expand_path($PROGRAM_NAME), *argv]
       cmdline = Allocator.command(argv) # [ruby, *options, script, *argv]
       Reexec.ruby_options = Reexec.jit_options(cmdline[1...(cmdline.size - argv.size - 1)])
-      Server.run(config, app)
+      Server.run(config, app, loader: (-> { load_app(config) } if lean))
     rescue OptionParser::ParseError => e
       @err.puts "blackbuck: #{CLI.parse_error(e, parser)} (see blackbuck --help)"
       2

@@ -36,13 +36,15 @@ module Blackbuck
 
     # spawner: runs a worker in a forked process (Spawner#serve); line: the master's announcement
     # socket (Refork#line); server: what the hooks get (the Supervisor, as in the master).
+    # index: the slot it served as a worker (for the log), nil for the mold that booted the app
+    # itself (Spawner#boot_mold: the master does not load it when reforking).
     def initialize(spawner:, line:, config:, logger:, server:, index:)
       @spawner = spawner
       @line = line
       @config = config
       @logger = logger
       @server = server
-      @index = index # the slot it served as a worker (for the log)
+      @index = index
     end
 
     # Never returns: the process exits when the mold's life ends.
@@ -50,7 +52,7 @@ module Blackbuck
       %i[TERM INT QUIT].each { |sig| trap(sig) { exit!(0) } }
       %i[USR1 USR2 URG HUP TTIN TTOU].each { |sig| trap(sig, "IGNORE") }
       trap(:CHLD, "DEFAULT")
-      $0 = "blackbuck mold (was worker #{@index})"
+      $0 = @index ? "blackbuck mold (was worker #{@index})" : "blackbuck mold (booted the app)"
       prepared = prepare_heap
       @socket, theirs = Socket.pair(:UNIX, :SEQPACKET)
       @line.sendmsg("mold #{Process.pid}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
@@ -71,13 +73,15 @@ module Blackbuck
     # (and the master with nobody else, once every worker is the mold's) would turn private on both
     # sides. Measured on the bench's Rails app (refork_after 50, 100, 1000; 4 workers): the master's
     # USS 71-74 MiB with the mold compacting, 43-53 without; total PSS 313-325 against 298-302 MiB.
+    # The mold that booted the app shares nothing yet (the master holds no app): it compacts, as a
+    # master that boots the app does.
     # The mold serves no request: the database connections it held as a worker would idle for ever
     # (and its workers would inherit them), so Active Record lets them go.
     def prepare_heap
       Warmup.disconnect_active_record
       return "" unless @config[:gc_before_fork]
 
-      ", heap prepared in #{format('%.2f', Warmup.prepare_heap(logger: @logger, compact: false))} s"
+      ", heap prepared in #{format('%.2f', Warmup.prepare_heap(logger: @logger, compact: @index.nil?))} s"
     end
 
     def serve

@@ -16,17 +16,27 @@ module Blackbuck
   # worker, so the server never has fewer than workers - 1 serving. After the list's last count,
   # the generation stays.
   #
+  # The blackbuck command's master does not load the app when reforking: a first mold does
+  # (Spawner#boot_mold: it loads the app, warms it up, and forks generation 0), so the master holds
+  # only Blackbuck, and once a refork replaces that mold, nothing of the app stays in the master
+  # that no worker shares. A master given a loaded app (a rack handler's: `rackup`, `rails server`)
+  # forks generation 0 itself, as without reforking.
+  #
   # The mold is never a point of failure: if it dies, or does not answer a fork within
-  # FORK_SECONDS, the master forgets it (killing it if it lives) and forks from itself; the next
-  # refork makes a new one. An app that says it is no longer fork-safe (Blackbuck.no_longer_fork_safe!)
-  # is never reforked: the worker told to become the mold refuses, and reforking turns off.
+  # FORK_SECONDS, the master forgets it (killing it if it lives) and forks from itself, or, when it
+  # does not hold the app, boots a new mold (BOOT_RETRY_SECONDS apart while boots fail); the next
+  # refork makes a warmer one. A first mold that cannot boot the app ends the server, as a
+  # config.ru that raises does. An app that says it is no longer fork-safe
+  # (Blackbuck.no_longer_fork_safe!) is never reforked: the worker told to become the mold refuses,
+  # and reforking turns off (the mold that booted the app stays the one workers fork from).
   class Refork
     FORK_SECONDS = 5 # seconds the master waits for the mold to fork a worker, then forks it itself
+    BOOT_RETRY_SECONDS = [1, 2, 5, 10, 30].freeze # after a mold that booted the app failed once it served
     MESSAGE_MAX = Mold::MESSAGE_MAX
 
     # What the master knows of the mold: its pid, the socket it listens on, its generation (the
     # workers it forks belong to it), and its USS when status asks.
-    MoldProcess = Struct.new(:pid, :socket, :generation)
+    MoldProcess = Struct.new(:pid, :socket, :generation, :booted)
 
     attr_reader :generation, :mold
 
@@ -44,12 +54,23 @@ module Blackbuck
       @promoting = nil # the Child told to become the mold, until it announces itself or exits
       @retiring = nil  # pid of the previous generation's worker told to retire, until it exits
       @on = !counts.empty? && subreaper?(subreaper)
+      @promoting_on = @on # false once a worker said the app is not fork-safe
+      @booting = nil      # pid of the mold loading the app (Spawner#boot_mold), until it announces itself
+      @boot_failure = nil # why the first boot failed, for the master to end the server with
+      @boot_failures = 0  # in a row, since the last mold that booted
+      @boot_after = 0     # monotonic time before which no new boot is tried
+      @adopted = false    # a mold that booted the app has announced itself once: the app boots
+      @lean = false       # the master does not hold the app (a mold boots it)
       # Workers announce themselves here when they become the mold (one end each way: every worker
       # may be chosen, so every worker inherits the line).
       @inbox, @line = Socket.pair(:UNIX, :SEQPACKET) if @on
     end
 
     def on? = @on
+
+    # Whether workers are still made molds: false once one said the app is not fork-safe (the mold
+    # machinery stays on: a mold that booted the app goes on forking the workers).
+    def reforking? = @promoting_on
 
     # The announcement line's sending end, for the workers (Worker#promote, Mold#run); nil when off.
     attr_reader :line
@@ -70,7 +91,7 @@ module Blackbuck
       return unless @on
 
       read_inbox(children)
-      return unless @on # (a worker just said the app is not fork-safe)
+      return unless @promoting_on # (a worker just said the app is not fork-safe)
 
       @promoting = nil if @promoting && children[@promoting.pid].nil?
       @retiring = nil if @retiring && children[@retiring].nil?
@@ -98,21 +119,43 @@ module Blackbuck
       Children::Child.new(index, pid, control_w, now, false, @mold.generation, :mold)
     end
 
+    # Whether the master may start a mold that boots the app now: none is booting, none is there,
+    # and the last failed boot is BOOT_RETRY_SECONDS old.
+    def boot_due? = @on && @booting.nil? && @mold.nil? && @boot_failure.nil? && now >= @boot_after
+
+    # The master forked pid to boot the app and become the mold (Spawner#boot_mold).
+    def booting(pid)
+      @booting = pid
+      @lean = true
+      @logger.info("refork: mold (pid #{pid}) is booting the app; workers fork from it")
+    end
+
+    # Why the first mold could not boot the app (the server cannot start), once; else nil.
+    def take_boot_failure
+      why = @boot_failure
+      @boot_failure = nil if why
+      why
+    end
+
     # A child of the master's that is not a worker has exited: the mold, a previous one, or another
-    # child (a HUP's boot check, whose exit is said elsewhere).
-    def reaped(pid, status)
+    # child (a HUP's boot check, whose exit is said elsewhere). why: what it said before it died.
+    def reaped(pid, status, why = nil)
       how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
-      if @mold&.pid == pid
-        @logger.warn("mold (pid #{pid}, generation #{@mold.generation}) #{how}; workers fork from the master " \
-                     "until the next refork")
+      if @booting == pid
+        boot_failed(pid, how, why)
+      elsif @mold&.pid == pid
+        @logger.warn("mold (pid #{pid}, generation #{@mold.generation}) #{how}; workers fork from " \
+                     "#{@lean ? 'a new mold that boots the app' : 'the master'} until the next refork")
         forget_mold
       elsif @stopped_molds.delete(pid)
         @logger.info("previous mold (pid #{pid}) #{how}")
       end
     end
 
-    # The server stops, or HUP replaces the code: the mold goes (its workers stay until told).
+    # The server stops, or HUP replaces the code: the mold goes (its workers stay until told), and
+    # so does one still booting the app.
     def stop_mold(why)
+      stop_booting(why) if @booting
       return unless @mold
 
       @logger.info("mold (pid #{@mold.pid}) stopping: #{why}")
@@ -123,12 +166,41 @@ module Blackbuck
       forget_mold
     end
 
-    # For /status: the refork generation, and the mold as [pid, generation] or nil.
-    def status = { "generation" => @generation, "mold" => @mold && { "pid" => @mold.pid, "generation" => @mold.generation } }
+    # For /status: the refork generation, the mold (pid, generation, whether it booted the app) or
+    # nil, and the pid of a mold still booting the app, or nil.
+    def status
+      mold = @mold && { "pid" => @mold.pid, "generation" => @mold.generation, "booted_app" => @mold.booted }
+      { "generation" => @generation, "mold" => mold, "booting" => @booting }
+    end
 
     private
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    def stop_booting(why)
+      @logger.info("mold (pid #{@booting}) booting the app stopping: #{why}")
+      @stopped_molds << @booting
+      Process.kill(:TERM, @booting)
+    rescue Errno::ESRCH
+      nil
+    ensure
+      @booting = nil
+    end
+
+    # The mold booting the app died before it could fork: the first time, the server cannot start;
+    # once the app has booted, a new one is tried a little later (BOOT_RETRY_SECONDS).
+    def boot_failed(pid, how, why)
+      @booting = nil
+      unless @adopted
+        @boot_failure = why || "the mold (pid #{pid}) booting the app #{how}"
+        return
+      end
+      wait = BOOT_RETRY_SECONDS[@boot_failures] || BOOT_RETRY_SECONDS.last
+      @boot_failures += 1
+      @boot_after = now + wait
+      @logger.error("refork: the mold (pid #{pid}) booting the app #{how}#{": #{why}" if why}; " \
+                    "another boots in #{wait}s (the workers serve on)")
+    end
 
     # Workers forked by the mold are re-parented to the nearest child subreaper when their middle
     # process exits: this master must be one, or it could not reap them.
@@ -176,22 +248,33 @@ module Blackbuck
         when "mold" then adopt_mold(children, child, pid.to_i, socket)
         when "unsafe"
           @logger.warn("refork: worker #{child&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
-          @on = false
+          @promoting_on = false
           @promoting = nil
         end
       end
     end
 
     def adopt_mold(children, child, pid, socket)
+      return adopt_booted(pid, socket) if pid == @booting
+
       stop_mold("generation #{@generation + 1} has a mold") if @mold
       @generation += 1
-      @mold = MoldProcess.new(pid, socket, @generation)
+      @mold = MoldProcess.new(pid, socket, @generation, false)
       @promoting = nil
       return unless child
 
       @request_counts.worker_exited(child.index, child.pid) # its slot goes to the mold's first worker
       children.release(child)
       @logger.info("refork: mold of generation #{@generation} is pid #{pid} (was worker #{child.index})")
+    end
+
+    # The mold that booted the app: the generation stays (its workers are the generation's first).
+    def adopt_booted(pid, socket)
+      @mold = MoldProcess.new(pid, socket, @generation, true)
+      @booting = nil
+      @adopted = true
+      @boot_failures = 0
+      @logger.info("refork: mold of generation #{@generation} is pid #{pid} (it booted the app)")
     end
 
     # Sends "fork INDEX" with the worker's control pipe and waits for "spawned INDEX PID". A mold that
@@ -213,7 +296,7 @@ module Blackbuck
       raise IOError, "no answer in #{FORK_SECONDS}s"
     rescue IOError, SystemCallError, ArgumentError => e
       @logger.warn("refork: the mold (pid #{@mold.pid}) could not fork worker #{index} (#{e.message}); " \
-                   "forking it from the master")
+                   "#{@lean ? 'a new mold boots the app' : 'forking it from the master'}")
       kill_mold
       nil
     end

@@ -4,6 +4,7 @@ require "socket"
 require_relative "children"
 require_relative "worker"
 require_relative "mold"
+require_relative "warmup"
 
 module Blackbuck
   # Forks a worker for a scoreboard slot and runs it there: the master's traps undone, SCHED_BATCH,
@@ -50,6 +51,30 @@ module Blackbuck
       control_r.close
       Children::Child.new(index, pid, control_w, Process.clock_gettime(Process::CLOCK_MONOTONIC), false,
                           @refork&.generation || 0, :master)
+    end
+
+    # In the master, when it does not hold the app (refork_after: the blackbuck command leaves it
+    # to a mold): forks the process that loads it (loader), runs the warm-up, and becomes the mold
+    # every worker forks from until a refork makes a warmer one (Mold). Returns its pid. The block
+    # runs first in it, as in #spawn's. A boot that fails says why on the crash pipe (#crash_reason).
+    def boot_mold(loader)
+      fork do
+        @traps.each { |sig| trap(sig, "DEFAULT") }
+        @crash_r.close
+        yield
+        $0 = "blackbuck mold (booting the app)"
+        step = "loading the app"
+        @app = loader.call
+        step = "the warm-up"
+        Warmup.new(@config, @app, @logger).run if Warmup.wanted?(@config)
+        step = "the mold"
+        Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: nil).run
+      rescue Exception => e # rubocop:disable Lint/RescueException -- never back into the master's code
+        @logger.error("mold (pid #{Process.pid}): #{step} failed: #{e.message.lines.first&.chomp}") unless e.is_a?(SystemExit)
+        tell_crash(e.message.lines.first&.chomp.to_s) unless e.is_a?(SystemExit)
+        flush_std
+        exit!(1)
+      end
     end
 
     # In a process the mold forked (Mold#fork_worker): runs the worker of slot index there, as #spawn's

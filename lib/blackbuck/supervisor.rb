@@ -26,7 +26,9 @@ module Blackbuck
     FORCE_GRACE = 5 # seconds a forced stop (a second INT/TERM) gives a request already in the app
 
     # old_workers: pid => control IO (nil once told to stop), from previous images (HUP).
-    def initialize(config:, app:, listeners:, logger:, old_workers: [], notify: nil)
+    # app: the loaded app, or nil when the master is not to hold it (reforking: a mold boots it,
+    # Refork); loader: then loads it (in the mold), and warms it up.
+    def initialize(config:, app:, listeners:, logger:, old_workers: [], notify: nil, loader: nil)
       @config = config
       @listeners = listeners
       @logger = logger
@@ -37,6 +39,8 @@ module Blackbuck
       @signals = SignalQueue.new(SIGNALS)
       @children = Children.new(@scoreboard, logger, old_workers)
       @refork = Refork.new(config[:refork_after], scoreboard: @scoreboard, request_counts: @request_counts, logger: logger)
+      app ||= load_here(loader) unless @refork.on? # (no mold can be made here: the master holds it after all)
+      @loader = app ? nil : loader # the master does not hold the app: molds boot it
       @spawner = Spawner.new(server: self, config: config, app: app, listeners: listeners, scoreboard: @scoreboard,
                              logger: logger, traps: SIGNALS, refork: @refork)
       @respawn = Respawn.new(logger)
@@ -82,13 +86,20 @@ module Blackbuck
         early.each { |sig| @signals.push(sig) }
       end
       $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
-      # last thing before the first fork: nothing of the boot allocates after it (Warmup::Heap)
-      Warmup.prepare_heap(logger: @logger) if @config[:gc_before_fork]
+      # last thing before the first fork: nothing of the boot allocates after it (Warmup::Heap); a
+      # master without the app has nothing to prepare (its mold does it)
+      Warmup.prepare_heap(logger: @logger) if @config[:gc_before_fork] && !@loader
       turn until @stopping
       shutdown
     end
 
     private
+
+    def load_here(loader)
+      app = loader.call
+      Warmup.new(@config, app, @logger).run if Warmup.wanted?(@config)
+      app
+    end
 
     # One turn of the master's loop: a queued signal, or the housekeeping. No exception here ends
     # the master (the workers keep serving): it is logged and the loop goes on.
@@ -97,8 +108,11 @@ module Blackbuck
       when nil
         reap
         @timeouts.check(@children)
-        spawn_missing
+        # (first: a mold that has just announced itself forks the missing workers in this turn)
         @refork.turn(@children, @wanted, quiet: @stopping || @drain_until || @children.handing_over? || @reload.pending?)
+        why = @refork.take_boot_failure
+        cannot_boot(why) if why
+        spawn_missing
         @reload.retire_old_workers(@wanted)
         reload if @reload.pending? && !@children.handing_over?
         @request_counts.sample(@children.live_slots)
@@ -124,7 +138,7 @@ module Blackbuck
           @stopping = true
         end
       when :HUP
-        @refork.stop_mold("HUP: new workers fork from the master with the new code")
+        @refork.stop_mold("HUP: the new code's workers fork from #{@loader ? 'a mold that boots it' : 'the master'}")
         reload
       when :TTIN
         @wanted += 1 if @wanted < @scoreboard.size
@@ -199,8 +213,26 @@ module Blackbuck
         next if taken.include?(i)
         return if @respawn.wait?
 
-        @children.add(@refork.spawn(i) || @spawner.spawn(i) { close_in_worker })
+        child = @refork.spawn(i) || (@spawner.spawn(i) { close_in_worker } unless @loader)
+        return boot_mold unless child
+
+        @children.add(child)
       end
+    end
+
+    # The master does not hold the app and there is no mold to fork from: one boots it (Refork).
+    def boot_mold
+      return if @stopping || !@refork.boot_due?
+
+      @refork.booting(@spawner.boot_mold(@loader) { close_in_worker })
+    end
+
+    # The first mold could not boot the app: the server stops, exit status 1, as when the workers
+    # cannot boot.
+    def cannot_boot(why)
+      @logger.error("cannot boot the app: #{why}; stopping")
+      @exit_status = 1
+      @stopping = true
     end
 
     # First thing in a new worker: what the master holds that a worker must not.
@@ -214,7 +246,8 @@ module Blackbuck
     # Every worker that has exited: its numbers kept, its exit logged (and, for one that could not
     # boot, maybe the end of the master: Respawn), its hook called.
     def reap
-      @children.reap(others: @refork.method(:reaped)) do |child, status|
+      others = ->(pid, status) { @refork.reaped(pid, status, @spawner.crash_reason(pid)) }
+      @children.reap(others: others) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
         why = @spawner.crash_reason(child.pid)
         if @respawn.exited(child, status, started: @children.started?(child), stopping: @stopping,

@@ -72,6 +72,25 @@ class WarmupTest < ServerTest
     FileUtils.rm_rf(dir) if dir
   end
 
+  # refork_after: the blackbuck command's master holds no app; the mold that boots it warms it
+  # up, and its workers inherit what that built.
+  def test_with_reforking_the_mold_that_boots_the_app_warms_it_up
+    s = start_warm(%(warmup "/", "/posts"\nrefork_after 1000\n))
+    body = get_state(s)
+    loader = body[/master=(\d+)/, 1]
+    refute_equal s.pid.to_s, loader, "the master did not load the app"
+    assert_match(/refork: mold of generation 0 is pid #{loader} \(it booted the app\)/, s.log)
+    assert_match(%r{warmed=/,/posts built_by=#{loader} }, body)
+    assert_match(/\[#{loader}\] INFO warm-up: 2 paths/, s.log)
+  end
+
+  def test_with_reforking_a_warm_up_that_fails_ends_the_boot
+    status, log = failed_boot(%(warmup "/raise"\nrefork_after 1000\n))
+    assert_equal 1, status.exitstatus, log
+    assert_match(%r{ERROR cannot boot the app: warm-up: GET /raise raised RuntimeError: cold database \(\S*warmup\.ru:\d+\); stopping$}, log)
+    refute_match(/worker \d+ .*ready/, log, "no worker forked")
+  end
+
   def test_a_path_that_raises_ends_the_boot_naming_path_and_error
     status, log = failed_boot(%(warmup "/raise"\n))
     assert_equal 1, status.exitstatus, log

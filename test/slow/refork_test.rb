@@ -5,7 +5,8 @@ require "json"
 
 # refork_after: a warm worker becomes the mold, new workers fork from it and replace the old
 # generation one at a time, while clients on keep-alive connections never see a reset or a lost
-# request; the mold is no point of failure; an app that is not fork-safe is never reforked.
+# request; the mold is no point of failure; an app that is not fork-safe is never reforked. The
+# blackbuck command's master never loads the app: a first mold boots it and forks generation 0.
 class ReforkTest < ServerTest
   def start_reforking(counts, workers:, env: {})
     dir = Dir.mktmpdir("bb-test")
@@ -36,10 +37,13 @@ class ReforkTest < ServerTest
   # a connection the server closes after an answer ("Connection: close", a retiring worker's last)
   # is opened again before the next; any reset, EOF instead of an answer, or non-200 is a failure.
   def test_three_reforks_under_keep_alive_load_lose_no_request
-    server = start_reforking([100, 200, 300], workers: 3)
+    loaded = File.join(Dir.mktmpdir("bb-test"), "loaded")
+    server = start_reforking([100, 200, 300], workers: 3, env: { "REFORK_LOADED_LOG" => loaded })
     last, sent = through_reforks(server, 3) { server.unix }
     assert_operator sent, :>=, 300 * 3, "the clients drove every refork"
-    assert_equal 3, server.log.scan(/refork: mold of generation \d is pid/).size
+    assert_equal 3, server.log.scan(/refork: mold of generation [1-3] is pid \d+ \(was worker/).size
+    booted = Integer(server.log[/refork: mold of generation 0 is pid (\d+) \(it booted the app\)/, 1])
+    assert_equal [booted], File.read(loaded).split.map { |pid| Integer(pid) }, "the app was loaded once, by the first mold, not the master"
     assert_equal %w[master mold worker worker worker], last["processes"].map { |p| p["role"] }.sort
     assert(last["workers"].all? { |w| w["forked_by"] == "mold" && w["uss_kib"].is_a?(Integer) })
     # What the first mold built while it was a worker, every later generation has without building it.
@@ -88,12 +92,13 @@ class ReforkTest < ServerTest
     idle&.each(&:close)
   end
 
-  def test_the_master_forks_when_the_mold_dies
+  # The master holds no app to fork from: a new mold boots it, and forks the replacement.
+  def test_a_new_mold_boots_the_app_when_the_mold_dies
     server = start_reforking([10], workers: 2)
     s = drive_to_generation(server, 1)
     mold = s.dig("refork", "mold", "pid")
     Process.kill(:KILL, mold)
-    assert_logged(server, /mold \(pid #{mold}, generation 1\) killed by SIGKILL; workers fork from the master/)
+    assert_logged(server, /mold \(pid #{mold}, generation 1\) killed by SIGKILL; workers fork from a new mold that boots the app/)
     victim = s["workers"].first["pid"]
     Process.kill(:KILL, victim)
     s = wait_for(30, "a replacement") do
@@ -101,25 +106,28 @@ class ReforkTest < ServerTest
       st if st["workers"].size == 2 && st["workers"].none? { |w| w["pid"] == victim } &&
             st["workers"].all? { |w| w["state"] != "starting" }
     end
-    assert_equal ["master"], s["workers"].reject { |w| w["generation"] == 1 && w["forked_by"] == "mold" }.map { |w| w["forked_by"] }
-    assert_nil s.dig("refork", "mold")
+    assert_equal %w[mold mold], s["workers"].map { |w| w["forked_by"] }
+    new_mold = s.dig("refork", "mold")
+    refute_equal mold, new_mold["pid"]
+    assert_equal true, new_mold["booted_app"], "the new mold booted the app: #{new_mold}"
     assert_serves(server)
   end
 
-  # A mold that does not answer (stopped) is given FORK_SECONDS, then killed; the master forks.
-  def test_a_mold_that_does_not_answer_is_replaced_by_the_master
+  # A mold that does not answer (stopped) is given FORK_SECONDS, then killed; a new one boots.
+  def test_a_mold_that_does_not_answer_is_replaced
     server = start_reforking([10], workers: 2)
     s = drive_to_generation(server, 1)
     mold = s.dig("refork", "mold", "pid")
     Process.kill(:STOP, mold)
     victim = s["workers"].first["pid"]
     Process.kill(:KILL, victim)
-    assert_logged(server, /the mold \(pid #{mold}\) could not fork worker \d \(no answer in \d+s\); forking it from the master/, 30)
-    s = wait_for(30, "a replacement forked by the master") do
+    assert_logged(server, /the mold \(pid #{mold}\) could not fork worker \d \(no answer in \d+s\); a new mold boots the app/, 30)
+    s = wait_for(30, "a replacement forked by a new mold") do
       st = status(server)
-      st if st["workers"].any? { |w| w["forked_by"] == "master" && w["state"] != "starting" }
+      st if st.dig("refork", "mold", "booted_app") && st["workers"].size == 2 &&
+            st["workers"].none? { |w| w["pid"] == victim } && st["workers"].all? { |w| w["state"] != "starting" }
     end
-    assert_nil s.dig("refork", "mold")
+    refute_equal mold, s.dig("refork", "mold", "pid")
     wait_for(15, "the stopped mold killed") { !alive?(mold) }
     assert_serves(server)
   ensure
@@ -130,7 +138,8 @@ class ReforkTest < ServerTest
     end
   end
 
-  # HUP loads new code: the mold (old code) goes, and the new image's workers fork from its master.
+  # HUP loads new code: the mold (old code) goes, and the new image's workers fork from a mold that
+  # boots it.
   def test_hup_ends_the_mold
     server = start_reforking([10], workers: 2)
     s = drive_to_generation(server, 1)
@@ -144,7 +153,9 @@ class ReforkTest < ServerTest
             st["workers"].all? { |w| w["state"] != "starting" }
     end
     assert_equal 0, s.dig("refork", "generation")
-    assert_equal %w[master master], s["workers"].map { |w| w["forked_by"] }
+    assert_equal %w[mold mold], s["workers"].map { |w| w["forked_by"] }
+    refute_equal mold, s.dig("refork", "mold", "pid")
+    assert_equal true, s.dig("refork", "mold", "booted_app")
     wait_for(15, "the old mold gone") { !alive?(mold) }
     assert_serves(server)
   end
@@ -157,9 +168,10 @@ class ReforkTest < ServerTest
     fresh_gets(server, 20)
     s = status(server)
     assert_equal 0, s.dig("refork", "generation")
-    assert_nil s.dig("refork", "mold")
+    assert_equal [0, true], [s.dig("refork", "mold", "generation"), s.dig("refork", "mold", "booted_app")],
+                 "the mold that booted the app stays the only one"
     assert_equal pids.sort, s["workers"].map { |w| w["pid"] }.sort, "no worker was replaced"
-    refute_match(/becomes the mold of generation 2|refork: mold of generation/, server.log)
+    refute_match(/becomes the mold of generation 2|refork: mold of generation [1-9]/, server.log)
   end
 
   private

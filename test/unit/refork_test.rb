@@ -17,6 +17,7 @@ class ReforkDecisionsTest < Minitest::Test
     def initialize = @lines = []
     def info(msg) = @lines << msg
     def warn(msg) = @lines << msg
+    def error(msg) = @lines << msg
   end
 
   class Counts
@@ -116,7 +117,8 @@ class ReforkDecisionsTest < Minitest::Test
     assert_equal Worker::PROMOTE_MESSAGE, told(100)
     @refork.line.sendmsg("unsafe 100 it started a thread", 0)
     @refork.turn(@kids, 1)
-    refute @refork.on?
+    refute @refork.reforking?
+    assert @refork.on?, "a mold that booted the app still forks the workers"
     assert_match(/worker 0 \(pid 100\) is not fork-safe \(it started a thread\); reforking is off/, @log.lines.last)
     @refork.turn(@kids, 1)
     assert_nil told(100)
@@ -148,5 +150,48 @@ class ReforkDecisionsTest < Minitest::Test
     assert_match(/mold \(pid 100, generation 1\) exited with status 0; workers fork from the master/, @log.lines.last)
   ensure
     @mold_end&.close
+  end
+
+  # The blackbuck command's master holds no app: a mold boots it and forks generation 0.
+  def test_the_mold_that_boots_the_app_forks_generation_zero
+    assert @refork.boot_due?, "no mold, nothing booting"
+    @refork.booting(300)
+    refute @refork.boot_due?, "one boot at a time"
+    announce_mold(300)
+    @refork.turn(@kids, 2)
+    assert_equal 0, @refork.generation, "the booted mold's workers are the first generation"
+    assert_equal({ "pid" => 300, "generation" => 0, "booted_app" => true }, @refork.status["mold"])
+    refute @refork.boot_due?, "a mold is there"
+    assert_match(/mold of generation 0 is pid 300 \(it booted the app\)/, @log.lines.last)
+  ensure
+    @mold_end&.close
+  end
+
+  def test_a_first_boot_that_fails_ends_the_server_and_a_later_one_is_tried_again
+    @refork.booting(300)
+    @refork.reaped(300, exited_with(1), "cannot load config.ru: RuntimeError: boom")
+    assert_equal "cannot load config.ru: RuntimeError: boom", @refork.take_boot_failure
+    assert_nil @refork.take_boot_failure, "said once"
+
+    booted = Blackbuck::Refork.new([10], scoreboard: @board, request_counts: @counts, logger: @log, subreaper: -> { true })
+    booted.booting(400)
+    booted.line.sendmsg("mold 400", 0, nil, Socket::AncillaryData.unix_rights(theirs = Socket.pair(:UNIX, :SEQPACKET).first))
+    theirs.close
+    booted.turn(@kids, 1)
+    booted.reaped(400, exited_with(1)) # the mold died once the app had booted
+    assert_match(/mold \(pid 400, generation 0\) exited with status 1; workers fork from a new mold that boots the app/, @log.lines.last)
+    assert booted.boot_due?
+    booted.booting(401)
+    booted.reaped(401, exited_with(1), "cannot load config.ru: LoadError")
+    assert_nil booted.take_boot_failure, "the app booted before: the server serves on"
+    assert_match(/booting the app exited with status 1: cannot load config.ru: LoadError; another boots in 1s/, @log.lines.last)
+    refute booted.boot_due?, "not at once"
+  ensure
+    booted&.close_in_child
+  end
+
+  def exited_with(code)
+    pid = fork { exit!(code) }
+    Process.wait2(pid).last
   end
 end
