@@ -60,6 +60,9 @@ module Blackbuck
     def boot_mold(loader)
       fork do
         @traps.each { |sig| trap(sig, "DEFAULT") }
+        # The master decides (a Ctrl-C reaches the whole process group): it sends TERM
+        trap(:INT, "IGNORE")
+        %i[TERM QUIT].each { |sig| trap(sig) { exit!(0) } }
         @crash_r.close
         yield
         $0 = "blackbuck mold (booting the app)"
