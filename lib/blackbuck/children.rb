@@ -52,13 +52,6 @@ module Blackbuck
     # [[pid, control IO or nil], ...] of every worker, for the next image (Reexec.exec!).
     def for_exec = @workers.map { |pid, c| [pid, c.control] } + @old.to_a
 
-    # A worker that became the mold (Refork): no longer this image's worker (its slot is free for a
-    # new one), though still the master's child; its pipe is closed (the mold never reads it).
-    def release(child)
-      @workers.delete(child.pid)
-      child.control.close unless child.control.closed?
-    end
-
     def tell_stop(child, message = Worker::STOP_MESSAGE)
       child.control.write_nonblock(message, exception: false) unless child.control.closed?
     rescue IOError, SystemCallError

@@ -2,6 +2,7 @@
 
 require "socket"
 require_relative "warmup"
+require_relative "hijacked"
 
 module Blackbuck
   # The app says it can no longer be forked safely (it started a thread, opened a connection that
@@ -15,9 +16,12 @@ module Blackbuck
   def self.fork_unsafe_reason = @fork_unsafe
 
   # The mold (refork_after): a worker that served long enough to have its app warm (code loaded,
-  # caches filled, YJIT's code compiled) stops serving and becomes the process new workers fork
-  # from, so they start with what it warmed shared copy-on-write instead of each warming a private
-  # copy. It runs only this loop: it announces itself to the master (Refork) with a socket of its
+  # caches filled, YJIT's code compiled) stops serving and forks the process new workers fork
+  # from (#fork_from_worker), so they start with what it warmed shared copy-on-write instead of
+  # each warming a private copy. It forks rather than becomes it: the sockets the app took over
+  # (WebSockets) and the app's threads serving them stay the worker's, which exits once the mold
+  # is there (as any retiring worker, closing them); the mold closes its copies (Hijacked) and has
+  # no thread but its own. It runs only this loop: it announces itself to the master (Refork) with a socket of its
   # own, then forks one worker per "fork INDEX" the master sends (with the worker's control pipe),
   # and answers "spawned INDEX PID". Each worker is forked twice over (the middle process exits at
   # once), so it becomes the master's child (the master is a child subreaper) and the master reaps
@@ -25,6 +29,7 @@ module Blackbuck
   # sends TERM; the master forks from itself again when it is gone (docs/ARCHITECTURE.md, "Reforking").
   class Mold
     MESSAGE_MAX = 512 # bytes of a message on the mold's sockets
+    READY_SECONDS = 30 # the worker waits this long for the mold it forked to announce itself, then exits
 
     # In a worker told to become the mold that must not (Blackbuck.no_longer_fork_safe!): the master
     # hears why, and turns reforking off.
@@ -47,6 +52,24 @@ module Blackbuck
       @index = index
     end
 
+    # In a worker told to become the mold, once it has stopped serving: forks the mold, waits until
+    # it has announced itself to the master (or READY_SECONDS), and returns its pid; the worker then
+    # exits. The master adopts the mold by its announcement, and reaps the worker as any other.
+    def fork_from_worker
+      ready_r, ready_w = IO.pipe
+      pid = fork do
+        ready_r.close
+        @ready = ready_w
+        @closed = Hijacked.close_all
+        run
+      end
+      ready_w.close
+      ready_r.wait_readable(READY_SECONDS)
+      pid
+    ensure
+      ready_r&.close
+    end
+
     # Never returns: the process exits when the mold's life ends.
     def run
       %i[TERM INT QUIT].each { |sig| trap(sig) { exit!(0) } }
@@ -55,9 +78,12 @@ module Blackbuck
       $0 = @index ? "blackbuck mold (was worker #{@index})" : "blackbuck mold (booted the app)"
       prepared = prepare_heap
       @socket, theirs = Socket.pair(:UNIX, :SEQPACKET)
-      @line.sendmsg("mold #{Process.pid}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+      # "mold PID [WORKER_PID]": the worker that forked it, if any
+      @line.sendmsg("mold #{Process.pid}#{" #{Process.ppid}" if @ready}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
       theirs.close
-      @logger.info("mold (pid #{Process.pid}) ready#{prepared}")
+      @logger.info("mold (pid #{Process.pid}) ready#{prepared}" \
+                   "#{"; closed its copies of #{@closed} connections the app took over (they stay the worker's)" if @closed&.positive?}")
+      @ready&.close # the worker that forked it may exit now
       serve
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- the mold must never fall back into a worker's code

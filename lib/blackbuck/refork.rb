@@ -40,19 +40,18 @@ module Blackbuck
 
     attr_reader :generation, :mold
 
-    # counts: config[:refork_after]; request_counts: the master's RequestCounts (a worker that
-    # becomes the mold leaves its slot, as if it had exited); subreaper: makes this process the
-    # child subreaper, true when it is (unit tests pass their own: the test process stays as it is).
-    def initialize(counts, scoreboard:, request_counts:, logger:, subreaper: -> { Native.child_subreaper })
+    # counts: config[:refork_after]; subreaper: makes this process the child subreaper, true when
+    # it is (unit tests pass their own: the test process stays as it is).
+    def initialize(counts, scoreboard:, logger:, subreaper: -> { Native.child_subreaper })
       @counts = counts
       @scoreboard = scoreboard
-      @request_counts = request_counts
       @logger = logger
       @generation = 0
       @mold = nil
       @stopped_molds = [] # pids of molds told to stop, until reaped
       @promoting = nil # the Child told to become the mold, until it announces itself or exits
       @retiring = nil  # pid of the previous generation's worker told to retire, until it exits
+      @leaving = nil   # pid of the worker that forked the mold, until it exits
       @on = !counts.empty? && subreaper?(subreaper)
       @promoting_on = @on # false once a worker said the app is not fork-safe
       @booting = nil      # pid of the mold loading the app (Spawner#boot_mold), until it announces itself
@@ -95,7 +94,8 @@ module Blackbuck
 
       @promoting = nil if @promoting && children[@promoting.pid].nil?
       @retiring = nil if @retiring && children[@retiring].nil?
-      return if quiet || @promoting || @retiring || !children.all_started?(wanted)
+      @leaving = nil if @leaving && children[@leaving].nil?
+      return if quiet || @promoting || @retiring || @leaving || !children.all_started?(wanted)
 
       if (old = children.find { |c| c.generation < @generation })
         retire(children, old)
@@ -234,8 +234,9 @@ module Blackbuck
       children.tell_stop(child, Worker::RETIRE_MESSAGE)
     end
 
-    # "mold PID" with the mold's own socket: the promoted worker is the mold now (its slot is free for
-    # the first worker it forks); "unsafe PID WHY": it must not be, and reforking ends.
+    # "mold PID WORKER_PID" with the mold's own socket: the promoted worker forked the mold (it exits
+    # now, and its slot goes to the mold's first worker once it is reaped); "mold PID": the mold that
+    # booted the app; "unsafe PID WHY": the worker must not be forked, and reforking ends.
     def read_inbox(children)
       loop do
         msg, _addr, _flags, *rights = @inbox.recvmsg_nonblock(MESSAGE_MAX, 0, nil, scm_rights: true, exception: false)
@@ -243,9 +244,9 @@ module Blackbuck
 
         verb, pid, why = msg.split(" ", 3)
         socket = rights.first&.unix_rights&.first
-        child = children[pid.to_i]
+        child = children[(verb == "mold" && why ? why : pid).to_i]
         case verb
-        when "mold" then adopt_mold(children, child, pid.to_i, socket)
+        when "mold" then adopt_mold(child, pid.to_i, socket)
         when "unsafe"
           @logger.warn("refork: worker #{child&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
           @promoting_on = false
@@ -254,18 +255,16 @@ module Blackbuck
       end
     end
 
-    def adopt_mold(children, child, pid, socket)
+    def adopt_mold(child, pid, socket)
       return adopt_booted(pid, socket) if pid == @booting
 
       stop_mold("generation #{@generation + 1} has a mold") if @mold
       @generation += 1
       @mold = MoldProcess.new(pid, socket, @generation, false)
       @promoting = nil
-      return unless child
-
-      @request_counts.worker_exited(child.index, child.pid) # its slot goes to the mold's first worker
-      children.release(child)
-      @logger.info("refork: mold of generation #{@generation} is pid #{pid} (was worker #{child.index})")
+      @leaving = child&.pid
+      @logger.info("refork: mold of generation #{@generation} is pid #{pid}" \
+                   "#{" (forked by worker #{child.index}, pid #{child.pid}, which exits)" if child}")
     end
 
     # The mold that booted the app: the generation stays (its workers are the generation's first).

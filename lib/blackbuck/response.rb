@@ -3,6 +3,7 @@
 require "socket"
 require_relative "errors"
 require_relative "file_redirect"
+require_relative "hijacked"
 
 module Blackbuck
   # Calls the app and writes its answer. The framing rules live in C (Conn#write_response):
@@ -310,6 +311,7 @@ module Blackbuck
         fd = @conn.detach
         @io = @conn.tcp? ? TCPSocket.for_fd(fd) : UNIXSocket.for_fd(fd)
         @io.autoclose = true
+        Hijacked.add(@io) # (a mold forked from this worker closes its copy)
         @hijacked = true
         @env["rack.hijack_io"] = @io if @env
         @io

@@ -111,7 +111,8 @@ module Blackbuck
       flush_std
       if role == :mold
         hook = "the mold"
-        Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: index).run
+        Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: index)
+            .fork_from_worker
       end
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code

@@ -38,7 +38,7 @@ module Blackbuck
       @request_counts = RequestCounts.new(@scoreboard)
       @signals = SignalQueue.new(SIGNALS)
       @children = Children.new(@scoreboard, logger, old_workers)
-      @refork = Refork.new(config[:refork_after], scoreboard: @scoreboard, request_counts: @request_counts, logger: logger)
+      @refork = Refork.new(config[:refork_after], scoreboard: @scoreboard, logger: logger)
       app ||= load_here(loader) unless @refork.on? # (no mold can be made here: the master holds it after all)
       @loader = app ? nil : loader # the master does not hold the app: molds boot it
       @spawner = Spawner.new(server: self, config: config, app: app, listeners: listeners, scoreboard: @scoreboard,

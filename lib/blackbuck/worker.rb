@@ -131,7 +131,7 @@ module Blackbuck
       @runner.stop
       @balancer.stop
       if @role == :mold
-        @logger.info("worker #{@index} (pid #{Process.pid}) became the mold after #{@served} requests")
+        @logger.info("worker #{@index} (pid #{Process.pid}) forks the mold after #{@served} requests, then exits")
         @connections.drop_all # what graceful_timeout cut short: the mold must hold no client's socket
         @poller.close
         @control.close

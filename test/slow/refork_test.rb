@@ -8,11 +8,11 @@ require "json"
 # request; the mold is no point of failure; an app that is not fork-safe is never reforked. The
 # blackbuck command's master never loads the app: a first mold boots it and forks generation 0.
 class ReforkTest < ServerTest
-  def start_reforking(counts, workers:, env: {})
+  def start_reforking(counts, workers:, env: {}, app: "refork.ru")
     dir = Dir.mktmpdir("bb-test")
     File.write("#{dir}/refork.rb", "refork_after #{counts.join(', ')}\n")
     start_server(["-c", "#{dir}/refork.rb", "-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock",
-                  "--stats-listen", "unix:#{dir}/status.sock"], app: "refork.ru", workers: workers, dir: dir, env: env)
+                  "--stats-listen", "unix:#{dir}/status.sock"], app: app, workers: workers, dir: dir, env: env)
   end
 
   def status(server) = status_json(stats_path(server))
@@ -41,17 +41,17 @@ class ReforkTest < ServerTest
     server = start_reforking([100, 200, 300], workers: 3, env: { "REFORK_LOADED_LOG" => loaded })
     last, sent = through_reforks(server, 3) { server.unix }
     assert_operator sent, :>=, 300 * 3, "the clients drove every refork"
-    assert_equal 3, server.log.scan(/refork: mold of generation [1-3] is pid \d+ \(was worker/).size
+    assert_equal 3, server.log.scan(/refork: mold of generation [1-3] is pid \d+ \(forked by worker \d, pid \d+, which exits\)/).size
     booted = Integer(server.log[/refork: mold of generation 0 is pid (\d+) \(it booted the app\)/, 1])
     assert_equal [booted], File.read(loaded).split.map { |pid| Integer(pid) }, "the app was loaded once, by the first mold, not the master"
     assert_equal %w[master mold worker worker worker], last["processes"].map { |p| p["role"] }.sort
     assert(last["workers"].all? { |w| w["forked_by"] == "mold" && w["uss_kib"].is_a?(Integer) })
     # What the first mold built while it was a worker, every later generation has without building it.
-    first_mold = Integer(server.log[/refork: mold of generation 1 is pid (\d+)/, 1])
+    first_promoted = Integer(server.log[/refork: mold of generation 1 is pid \d+ \(forked by worker \d, pid (\d+)/, 1])
     io = server.tcp
     pid, built_by, = warm_get(io)
     refute_equal pid, built_by
-    assert_equal first_mold, built_by, "a worker of the mold answers with the warm state the first mold built"
+    assert_equal first_promoted, built_by, "a worker of the mold answers with the warm state the worker that forked the first mold built"
   ensure
     io&.close
   end
@@ -160,6 +160,39 @@ class ReforkTest < ServerTest
     assert_serves(server)
   end
 
+  # A WebSocket the app took over in the worker that forks the mold stays that worker's: the mold
+  # closes its copy (and has none of the app's threads), so no process the mold forks can write to
+  # it, and the client sees it close when the worker exits, as with any retiring worker.
+  def test_the_mold_holds_no_websocket_of_the_worker_that_forked_it
+    server = start_reforking([10], workers: 1, app: "websocket.ru")
+    ws = server.tcp
+    key = "dGhlIHNhbXBsZSBub25jZQ=="
+    ws.write("GET /partial HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" \
+             "Sec-WebSocket-Key: #{key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+    head = +""
+    head << ws.readpartial(4096) until head.include?("\r\n\r\n")
+    assert_match(%r{\AHTTP/1\.1 101 }, head)
+    assert_equal "echo:before", ws_echo(ws, "before")
+    holder = server.worker_pids.first
+    wait_for(60, "refork generation 1") do
+      io = server.tcp
+      assert_equal 200, request(io, "GET", "/").status
+      io.close
+      s = status(server)
+      s.dig("refork", "generation") == 1 && s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
+    end
+    assert_match(/mold \(pid \d+\) ready.*; closed its copies of 1 connections the app took over/, server.log)
+    wait_for(30, "the worker that forked the mold gone") { !alive?(holder) }
+    rest = begin
+      ws.wait_readable(30) ? ws.read : :still_open
+    rescue Errno::ECONNRESET
+      ""
+    end
+    assert_equal "", rest, "no process holds the WebSocket once its worker exits (none answers on it)"
+  ensure
+    ws&.close
+  end
+
   def test_an_app_that_is_not_fork_safe_is_never_reforked
     server = start_reforking([5], workers: 2, env: { "REFORK_UNSAFE" => "1" })
     pids = server.worker_pids
@@ -175,6 +208,14 @@ class ReforkTest < ServerTest
   end
 
   private
+
+  # One masked text frame (RFC 6455) out; the payload of the text frame that comes back.
+  def ws_echo(io, text)
+    mask = [1, 2, 3, 4]
+    io.write([0x81, 0x80 | text.bytesize, *mask].pack("C6") + text.bytes.each_with_index.map { |b, i| b ^ mask[i % 4] }.pack("C*"))
+    _b0, len = io.read(2).unpack("CC")
+    io.read(len)
+  end
 
   # n GETs, each on a new connection (they go to whichever worker accepts).
   def fresh_gets(server, n)

@@ -20,20 +20,12 @@ class ReforkDecisionsTest < Minitest::Test
     def error(msg) = @lines << msg
   end
 
-  class Counts
-    attr_reader :exited
-
-    def initialize = @exited = []
-    def worker_exited(index, pid) = @exited << [index, pid]
-  end
-
   def setup
     @board = Blackbuck::Native::Scoreboard.new(4)
     @log = Log.new
-    @counts = Counts.new
     @kids = Children.new(@board, @log)
     @pipes = {} # pid => read end of its control pipe
-    @refork = Blackbuck::Refork.new([10, 20], scoreboard: @board, request_counts: @counts, logger: @log,
+    @refork = Blackbuck::Refork.new([10, 20], scoreboard: @board, logger: @log,
                                               subreaper: -> { true })
   end
 
@@ -53,15 +45,19 @@ class ReforkDecisionsTest < Minitest::Test
 
   def told(pid) = @pipes[pid].read_nonblock(16, exception: false).then { |m| m.is_a?(String) ? m : nil }
 
-  def announce_mold(pid)
+  # from: the worker that forked it (nil: the mold that booted the app)
+  def announce_mold(pid, from = nil)
     @mold_end, theirs = Socket.pair(:UNIX, :SEQPACKET)
-    @refork.line.sendmsg("mold #{pid}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+    @refork.line.sendmsg("mold #{pid}#{" #{from}" if from}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
     theirs.close
   end
 
+  # As Children#reap does once pid has exited.
+  def reaped(pid) = @kids.instance_variable_get(:@workers).delete(pid)
+
   def test_off_without_counts_or_without_a_subreaper
-    refute Blackbuck::Refork.new([], scoreboard: @board, request_counts: @counts, logger: @log).on?
-    off = Blackbuck::Refork.new([5], scoreboard: @board, request_counts: @counts, logger: @log, subreaper: -> { false })
+    refute Blackbuck::Refork.new([], scoreboard: @board, logger: @log).on?
+    off = Blackbuck::Refork.new([5], scoreboard: @board, logger: @log, subreaper: -> { false })
     refute off.on?
     assert_match(/cannot make the master a child subreaper .* reforking is off/, @log.lines.last)
   end
@@ -89,12 +85,12 @@ class ReforkDecisionsTest < Minitest::Test
     worker(1, 101)
     worker(2, 102)
     @refork.turn(@kids, 3)
-    announce_mold(100)
+    announce_mold(500, 100)
     @refork.turn(@kids, 3)
     assert_equal 1, @refork.generation
-    assert_equal 100, @refork.mold.pid
-    assert_nil @kids[100], "the mold's slot is free"
-    assert_equal [[0, 100]], @counts.exited, "its requests are counted as an exited worker's"
+    assert_equal 500, @refork.mold.pid
+    assert_match(/refork: mold of generation 1 is pid 500 \(forked by worker 0, pid 100, which exits\)/, @log.lines.last)
+    reaped(100) # the worker that forked it exits: its slot is free
     @refork.turn(@kids, 3)
     assert_nil told(101), "not until the free slot has a serving worker again"
     worker(0, 200, generation: 1)
@@ -103,7 +99,7 @@ class ReforkDecisionsTest < Minitest::Test
     assert_equal 1, retired.size
     @refork.turn(@kids, 3)
     assert_equal [], [101, 102].select { |pid| told(pid) }, "one at a time"
-    @kids.release(@kids[retired.first]) # (reaped)
+    reaped(retired.first)
     worker(@kids.map(&:index).then { |taken| ([0, 1, 2] - taken).first }, 201, generation: 1)
     @refork.turn(@kids, 3)
     assert_equal [Worker::RETIRE_MESSAGE], ([101, 102] - retired).map { |pid| told(pid) }
@@ -173,7 +169,7 @@ class ReforkDecisionsTest < Minitest::Test
     assert_equal "cannot load config.ru: RuntimeError: boom", @refork.take_boot_failure
     assert_nil @refork.take_boot_failure, "said once"
 
-    booted = Blackbuck::Refork.new([10], scoreboard: @board, request_counts: @counts, logger: @log, subreaper: -> { true })
+    booted = Blackbuck::Refork.new([10], scoreboard: @board, logger: @log, subreaper: -> { true })
     booted.booting(400)
     booted.line.sendmsg("mold 400", 0, nil, Socket::AncillaryData.unix_rights(theirs = Socket.pair(:UNIX, :SEQPACKET).first))
     theirs.close
