@@ -15,7 +15,7 @@ require_relative "proxies"
 # UNIX socket and through HAProxy, each set up with the examples of README.md and docs/DEPLOY.md
 # as written (DocSnippets: only addresses, ports and paths substituted), in development with
 # `rails server -u blackbuck`, across a HUP that changes the listeners and the socket's mode, and
-# through two reforks with DEPLOY.md's Memory config behind nginx.
+# through two reforks with DEPLOY.md's Memory config behind nginx and behind HAProxy.
 # `rake test:browser` runs it under gemfiles/browser.gemfile (installed by bin/setup).
 class BrowserTest < Minitest::Test
   LOAD_BOUND = 2.0 # seconds: a production page with its asset tags, from navigation start to the end of `load`
@@ -162,6 +162,23 @@ class BrowserTest < Minitest::Test
     # fixed; without a refork (HUP) those WebSockets end cleanly. Every other failure counts.
     errors = nginx.error_log.lines.grep(/\[(error|crit|alert|emerg)\]/)
     assert_empty errors.reject { |l| l.include?("Connection reset by peer) while proxying upgraded connection") }, "nginx saw no upstream failure"
+  end
+
+  # The same behind HAProxy as DEPLOY.md sets it up (the PROXY protocol; its health checks count
+  # as requests too), the config file being the HAProxy section's with the Memory section's added.
+  def test_reforks_behind_haproxy_with_deploy_md_memory_config_while_the_browser_keeps_working
+    port = free_port
+    write_memory_config(DOCS.block("docs/DEPLOY.md", section: HAPROXY_SECTION, lang: "ruby").sub("10.0.0.5:8080", "127.0.0.1:#{port}"))
+    stats = free_port
+    server = start_app(production_command, args: stats_listen_args(stats))
+    front = free_port
+    cfg = DOCS.block("docs/DEPLOY.md", section: HAPROXY_SECTION, lang: "haproxy")
+              .sub(/^(\s*bind ):80$/, "\\1127.0.0.1:#{front}")
+              .sub(/10\.0\.0\.[56]:8080/, "127.0.0.1:#{port}")
+    haproxy = HAProxyProcess.new(cfg.text, port: front)
+    @stoppable << haproxy
+    check_through_reforks(server, "http://127.0.0.1:#{front}", stats)
+    refute_match(/\[(ALERT|WARNING)\]/, haproxy.log, "HAProxy marked no server down (its health checks ran through the reforks)")
   end
 
   private
