@@ -55,8 +55,10 @@ class BrowserTest < Minitest::Test
 
   def teardown
     @stoppable&.reverse_each do |s|
+      log = s.log if !passed? && s.respond_to?(:log) # before the stop: nginx's and HAProxy's go with their directory
       s.is_a?(Chromium) ? s.quit : s.stop
-      warn "\n--- #{s.class} log (#{name}) ---\n#{s.log}--- end ---" if !passed? && s.respond_to?(:log)
+      log = [log, s.log].max_by(&:size) if log # the server's goes on to its exit
+      warn "\n--- #{s.class} log (#{name}) ---\n#{log}--- end ---" if log
     end
     FileUtils.rm_f(@app.path("config/blackbuck.rb")) if @app
     FileUtils.rm_rf(@run) if @run
