@@ -5,7 +5,7 @@
 class AppServer
   BOOT_TIMEOUT = 120 # seconds: a bound for a boot that went wrong (Rails on a loaded machine boots slowly)
 
-  attr_reader :process
+  attr_reader :process, :workers # workers: how many it waited for
 
   def initialize(app, cmd, env:, workers:, name:)
     @workers = workers
