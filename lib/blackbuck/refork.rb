@@ -9,9 +9,9 @@ module Blackbuck
   # Reforking (refork_after), in the master. Workers forked from the master start with the heap the
   # master had after boot, and each then warms a private copy of what the app loads lazily (Rails'
   # routes and views, caches, YJIT's code). So once a worker of the current generation has served
-  # refork_after[generation] requests, it becomes the mold (Worker#promote, Mold): it stops serving,
-  # its idle connections move to its siblings, and from then on every new worker forks from it and
-  # shares its warm pages. The previous generation's workers are then replaced one at a time: each is
+  # refork_after[generation] requests, it forks the mold (Worker#promote, Mold#fork_from_worker): it
+  # stops serving, its idle connections move to its siblings, it forks the mold and exits, and from
+  # then on every new worker forks from the mold and shares its warm pages. The previous generation's workers are then replaced one at a time: each is
   # told to retire (its idle connections move to the others) only once every slot has a serving
   # worker, so the server never has fewer than workers - 1 serving. After the list's last count,
   # the generation stays.
@@ -222,7 +222,7 @@ module Blackbuck
     def promote(children, child)
       requests = @scoreboard.read(child.index)[2]
       @logger.info("refork: worker #{child.index} (pid #{child.pid}) served #{requests} requests " \
-                   "(refork_after #{@counts[@generation]}); it becomes the mold of generation #{@generation + 1}")
+                   "(refork_after #{@counts[@generation]}); it forks the mold of generation #{@generation + 1}")
       @promoting = child
       children.tell_stop(child, Worker::PROMOTE_MESSAGE)
     end

@@ -41,7 +41,7 @@ module Blackbuck
                              # header (the spec: at least 3, for a TCP retransmit); header_timeout if shorter
     STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
     FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
-    PROMOTE_MESSAGE = "m" # from the master (refork_after): stop serving and become the mold (Mold)
+    PROMOTE_MESSAGE = "m" # from the master (refork_after): stop serving and fork the mold (Mold)
     RETIRE_MESSAGE = "r" # from the master: a worker of the new generation replaces this one; the
                          # siblings serve on, so idle connections move to them (Balancer#move_idle)
     STOP_ACCEPTING_SIGNAL = :URG # from the master after STOP_MESSAGE when the whole server stops: a
@@ -52,7 +52,7 @@ module Blackbuck
     attr_reader :index, :config, :logger, :scoreboard
     attr_reader :woke_at # when the loop last woke: what is readable arrived by then
 
-    # mold_line: where a worker told to become the mold says it cannot (Refork; nil without reforking).
+    # mold_line: where a worker told to fork the mold says it cannot (Refork; nil without reforking).
     def initialize(index:, app:, config:, listeners:, control:, scoreboard:, logger:, requests_limit: 0, handoff: nil,
                    mold_line: nil)
       @index = index
@@ -72,7 +72,7 @@ module Blackbuck
       @paused = false
       @listeners_closed = false # by #stop_accepting_in_app: the listeners are out of the poller for good
       @mold_line = mold_line
-      @role = :worker         # :mold once told to become the mold (#promote): what #run returns
+      @role = :worker         # :mold once told to fork the mold (#promote): what #run returns
       @retiring = false       # stopping while the siblings serve on (#retire)
       @max_keepalive_requests = config[:max_keepalive_requests]
       @keepalive = config[:keepalive]
@@ -100,8 +100,9 @@ module Blackbuck
       @balancer = Balancer.new(self, @connections, @runner, config, scoreboard, logger, index, handoff)
     end
 
-    # Serves until the worker stops. Returns :worker, or :mold when it stopped to become the mold
-    # (Spawner then runs the Mold in this process: its listeners are still open, its poller closed).
+    # Serves until the worker stops. Returns :worker, or :mold when it stopped to fork the mold
+    # (Spawner then forks it from this process, Mold#fork_from_worker: the listeners are still
+    # open, the poller closed).
     def run
       install_traps
       Native::Conn.serving! # (a worker forked from the mold inherits the mold's stopped flag)
@@ -339,8 +340,8 @@ module Blackbuck
       end
     end
 
-    # The master chose this worker to become the mold (refork_after): it stops serving as a worker
-    # would when it retires, and then, instead of exiting, becomes the Mold. An app that said it is
+    # The master chose this worker to fork the mold (refork_after): it stops serving as a worker
+    # would when it retires, and then forks the Mold before it exits. An app that said it is
     # no longer fork-safe (Blackbuck.no_longer_fork_safe!) is never forked again: the worker says
     # so to the master, which turns reforking off, and serves on.
     def promote
@@ -348,11 +349,11 @@ module Blackbuck
 
       if (why = Blackbuck.fork_unsafe_reason)
         Mold.refuse(@mold_line, why)
-        @logger.warn("worker #{@index} (pid #{Process.pid}) cannot become the mold: #{why}")
+        @logger.warn("worker #{@index} (pid #{Process.pid}) cannot fork the mold: #{why}")
         return
       end
       @role = :mold
-      retire("becoming the mold")
+      retire("forking the mold")
     end
 
     # A stop while the siblings serve on (refork): the listeners' queues are theirs (not taken here),
@@ -420,7 +421,7 @@ module Blackbuck
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
       @balancer.tick
       @runner.tick
-      $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping}#{' (becoming the mold)' if @role == :mold} requests: #{@served} connections: #{@conns.size}"
+      $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping}#{' (forking the mold)' if @role == :mold} requests: #{@served} connections: #{@conns.size}"
       @exit = true if @stopping && (t >= @stop_deadline || drained?)
     end
 

@@ -239,8 +239,8 @@ class BrowserTest < Minitest::Test
     assert_equal mold, settled["processes"].find { |p| p["role"] == "mold" }["pid"]
     assert_empty first["workers"].map { |w| w["pid"] } & workers, "every worker of generation 0 was replaced"
     log = server.log
-    assert_match(/refork: worker \d \(pid \d+\) served \d+ requests \(refork_after 50\); it becomes the mold of generation 1$/, log)
-    assert_match(/refork: worker \d \(pid \d+\) served \d+ requests \(refork_after 100\); it becomes the mold of generation 2$/, log)
+    assert_match(/refork: worker \d \(pid \d+\) served \d+ requests \(refork_after 50\); it forks the mold of generation 1$/, log)
+    assert_match(/refork: worker \d \(pid \d+\) served \d+ requests \(refork_after 100\); it forks the mold of generation 2$/, log)
     assert_match(/refork: mold of generation 2 is pid #{mold} \(forked by worker \d, pid \d+, which exits\)$/, log)
     assert_match(/previous mold \(pid \d+\) exited with status 0$/, log, "generation 1's mold is gone")
 

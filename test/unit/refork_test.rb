@@ -70,7 +70,7 @@ class ReforkDecisionsTest < Minitest::Test
     assert_nil told(100)
     @refork.turn(@kids, 2)
     assert_nil told(101), "one promotion at a time"
-    assert_match(/worker 1 \(pid 101\) served 12 requests \(refork_after 10\); it becomes the mold of generation 1/,
+    assert_match(/worker 1 \(pid 101\) served 12 requests \(refork_after 10\); it forks the mold of generation 1/,
                  @log.lines.last)
   end
 
