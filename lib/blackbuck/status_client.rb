@@ -180,18 +180,41 @@ module Blackbuck
               "workers #{t['workers']} (busy #{t['busy']}, idle #{t['idle']})  " \
               "requests #{t['requests']}  connections #{t['connections']}  queued #{t['queued']}  " \
               "spilled #{t['spill_bytes'].to_i} bytes\n"
-      out << "#{recent_line(s['recent'])}\n\n"
+      out << "#{recent_line(s['recent'])}\n"
+      out << "#{memory_line(s['processes'])}\n" if s["processes"]
+      out << "#{refork_line(s['refork'])}\n" if refork_line(s["refork"])
+      out << "\n"
       rows = s["workers"].map do |w|
         current = w["path"] ? "#{w['method']} #{w['path']}" : "-"
         running = w["running_ms"].to_i.positive? ? format("%.3fs", w["running_ms"] / 1000.0) : "-"
         [w["index"], w["pid"], w["state"], w["requests"], w["connections"], current, running,
-         w["heartbeat_age_ms"] ? "#{w['heartbeat_age_ms']}ms" : "-"]
+         w["heartbeat_age_ms"] ? "#{w['heartbeat_age_ms']}ms" : "-", w["generation"] || "-", mib(w["uss_kib"])]
       end
-      out << grid(%w[WORKER PID STATE REQUESTS CONNS CURRENT RUNNING HEARTBEAT], rows)
+      out << grid(%w[WORKER PID STATE REQUESTS CONNS CURRENT RUNNING HEARTBEAT GEN USS], rows)
       out << "\n"
       lrows = s["listeners"].map { |l| [l["name"], l["queued"] || "?", l["backlog"] || "?"] }
       out << grid(%w[LISTENER QUEUED BACKLOG], lrows)
     end
+
+    # "memory (USS): master 15.1 MiB, mold 30.2 MiB, 4 workers 120.4 MiB; total PSS 180.3 MiB"
+    def memory_line(processes)
+      by_role = processes.group_by { |p| p["role"] }
+      parts = %w[master mold].flat_map { |role| (by_role[role] || []).map { |p| "#{role} #{mib(p['uss_kib'])}" } }
+      workers = by_role["worker"] || []
+      parts << "#{workers.size} workers #{mib(workers.sum { |p| p['uss_kib'].to_i })}" unless workers.empty?
+      pss = processes.sum { |p| p["pss_kib"].to_i }
+      "memory (USS): #{parts.join(', ')}; total PSS #{mib(pss)}"
+    end
+
+    # "refork: generation 2, mold pid 4321" (refork_after), or nil when there is nothing to say
+    def refork_line(r)
+      return nil unless r && (r["mold"] || r["booting"] || r["generation"].to_i.positive?)
+
+      mold = r["mold"] && ", mold pid #{r['mold']['pid']}#{' (booted the app)' if r['mold']['booted_app']}"
+      "refork: generation #{r['generation']}#{mold}#{", a mold booting the app (pid #{r['booting']})" if r['booting']}"
+    end
+
+    def mib(kib) = kib ? format("%.1f MiB", kib / 1024.0) : "-"
 
     def grid(header, rows)
       cells = [header, *rows].map { |r| r.map(&:to_s) }

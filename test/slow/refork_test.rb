@@ -2,6 +2,7 @@
 
 require_relative "../test_helper"
 require "json"
+require "open3"
 
 # refork_after: a warm worker becomes the mold, new workers fork from it and replace the old
 # generation one at a time, while clients on keep-alive connections never see a reset or a lost
@@ -191,6 +192,18 @@ class ReforkTest < ServerTest
     assert_equal "", rest, "no process holds the WebSocket once its worker exits (none answers on it)"
   ensure
     ws&.close
+  end
+
+  # `blackbuck status` says the generation, the mold and what each process costs.
+  def test_the_status_command_shows_the_generation_the_mold_and_memory
+    server = start_reforking([10], workers: 2)
+    s = drive_to_generation(server, 1)
+    out, err, st = Open3.capture3(RbConfig.ruby, EXE, "status", "unix:#{stats_path(server)}")
+    assert st.success?, err
+    assert_match(/^refork: generation 1, mold pid #{s.dig('refork', 'mold', 'pid')}$/, out)
+    assert_match(/^memory \(USS\): master \d+\.\d MiB, mold \d+\.\d MiB, 2 workers \d+\.\d MiB; total PSS \d+\.\d MiB$/, out)
+    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+CURRENT\s+RUNNING\s+HEARTBEAT\s+GEN\s+USS$/, out)
+    assert_equal 2, out.lines.grep(/^\d+\s+\d+\s+\w+\s.*\s1\s+\d+\.\d MiB$/).size, "both workers of generation 1, with their USS:\n#{out}"
   end
 
   def test_an_app_that_is_not_fork_safe_is_never_reforked
