@@ -78,8 +78,10 @@ module Blackbuck
       $0 = @index ? "blackbuck mold (was worker #{@index})" : "blackbuck mold (booted the app)"
       prepared = prepare_heap
       @socket, theirs = Socket.pair(:UNIX, :SEQPACKET)
-      # "mold PID [WORKER_PID]": the worker that forked it, if any
-      @line.sendmsg("mold #{Process.pid}#{" #{Process.ppid}" if @ready}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+      # "mold PID [WORKER_PID INDEX]": the worker that forked it, if any (it may be reaped already
+      # when the master reads this)
+      @line.sendmsg("mold #{Process.pid}#{" #{Process.ppid} #{@index}" if @ready}", 0, nil,
+                    Socket::AncillaryData.unix_rights(theirs))
       theirs.close
       @logger.info("mold (pid #{Process.pid}) ready#{prepared}" \
                    "#{"; closed its copies of #{@closed} connections the app took over (they stay the worker's)" if @closed&.positive?}")

@@ -234,9 +234,9 @@ module Blackbuck
       children.tell_stop(child, Worker::RETIRE_MESSAGE)
     end
 
-    # "mold PID WORKER_PID" with the mold's own socket: the promoted worker forked the mold (it exits
-    # now, and its slot goes to the mold's first worker once it is reaped); "mold PID": the mold that
-    # booted the app; "unsafe PID WHY": the worker must not be forked, and reforking ends.
+    # "mold PID WORKER_PID INDEX" with the mold's own socket: the promoted worker forked the mold (it
+    # exits now, and its slot goes to the mold's first worker once it is reaped); "mold PID": the
+    # mold that booted the app; "unsafe PID WHY": the worker must not be forked, and reforking ends.
     def read_inbox(children)
       loop do
         msg, _addr, _flags, *rights = @inbox.recvmsg_nonblock(MESSAGE_MAX, 0, nil, scm_rights: true, exception: false)
@@ -244,27 +244,27 @@ module Blackbuck
 
         verb, pid, why = msg.split(" ", 3)
         socket = rights.first&.unix_rights&.first
-        child = children[(verb == "mold" && why ? why : pid).to_i]
         case verb
-        when "mold" then adopt_mold(child, pid.to_i, socket)
+        when "mold" then adopt_mold(children, pid.to_i, socket, *why&.split(" ", 2)&.map(&:to_i))
         when "unsafe"
-          @logger.warn("refork: worker #{child&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
+          @logger.warn("refork: worker #{children[pid.to_i]&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
           @promoting_on = false
           @promoting = nil
         end
       end
     end
 
-    def adopt_mold(child, pid, socket)
+    # from, index: the worker that forked it (nil for the mold that booted the app)
+    def adopt_mold(children, pid, socket, from = nil, index = nil)
       return adopt_booted(pid, socket) if pid == @booting
 
       stop_mold("generation #{@generation + 1} has a mold") if @mold
       @generation += 1
       @mold = MoldProcess.new(pid, socket, @generation, false)
       @promoting = nil
-      @leaving = child&.pid
+      @leaving = from if from && children[from] # until it is reaped
       @logger.info("refork: mold of generation #{@generation} is pid #{pid}" \
-                   "#{" (forked by worker #{child.index}, pid #{child.pid}, which exits)" if child}")
+                   "#{" (forked by worker #{index}, pid #{from}, which exits)" if from}")
     end
 
     # The mold that booted the app: the generation stays (its workers are the generation's first).

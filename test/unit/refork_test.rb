@@ -45,10 +45,10 @@ class ReforkDecisionsTest < Minitest::Test
 
   def told(pid) = @pipes[pid].read_nonblock(16, exception: false).then { |m| m.is_a?(String) ? m : nil }
 
-  # from: the worker that forked it (nil: the mold that booted the app)
+  # from: the worker that forked it, [pid, index] (nil: the mold that booted the app)
   def announce_mold(pid, from = nil)
     @mold_end, theirs = Socket.pair(:UNIX, :SEQPACKET)
-    @refork.line.sendmsg("mold #{pid}#{" #{from}" if from}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+    @refork.line.sendmsg("mold #{pid}#{" #{from.join(' ')}" if from}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
     theirs.close
   end
 
@@ -74,6 +74,20 @@ class ReforkDecisionsTest < Minitest::Test
                  @log.lines.last)
   end
 
+  # The worker exits as soon as its mold has announced itself: the master may reap it first.
+  def test_a_mold_whose_worker_was_reaped_first_is_adopted_all_the_same
+    worker(0, 100, served: 12)
+    worker(1, 101)
+    @refork.turn(@kids, 2)
+    reaped(100)
+    announce_mold(500, [100, 0])
+    @refork.turn(@kids, 2)
+    assert_equal [1, 500], [@refork.generation, @refork.mold.pid]
+    assert_match(/refork: mold of generation 1 is pid 500 \(forked by worker 0, pid 100, which exits\)/, @log.lines.last)
+  ensure
+    @mold_end&.close
+  end
+
   def test_nothing_happens_while_a_slot_has_no_serving_worker
     worker(0, 100, served: 50)
     @refork.turn(@kids, 2)
@@ -85,7 +99,7 @@ class ReforkDecisionsTest < Minitest::Test
     worker(1, 101)
     worker(2, 102)
     @refork.turn(@kids, 3)
-    announce_mold(500, 100)
+    announce_mold(500, [100, 0])
     @refork.turn(@kids, 3)
     assert_equal 1, @refork.generation
     assert_equal 500, @refork.mold.pid
