@@ -276,7 +276,8 @@ module Blackbuck
     rescue ConfigError
       raise
     rescue SyntaxError => e
-      raise ConfigError, "cannot load #{path}: syntax error: #{e.message}"
+      line = ConfigError.syntax(e) # "path:LINE: syntax error, ..."
+      raise ConfigError, "cannot load #{line.start_with?("#{path}:") ? line : "#{path}: #{line}"}"
     rescue ScriptError, StandardError => e
       where = origin(e, File.dirname(File.expand_path(path)))
       raise ConfigError, "cannot load #{path}: #{e.class}: #{e.message}#{" (#{where})" if where}"

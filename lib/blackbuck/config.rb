@@ -289,7 +289,8 @@ module Blackbuck
       rescue Errno::ENOENT, Errno::EACCES, Errno::EISDIR => e
         raise ConfigError, "cannot read config file #{path}: #{e.message.sub(/ @ .*/, '')}"
       rescue SyntaxError => e # Ruby's message starts with "path:LINE: "
-        raise ConfigError, e.message.start_with?("#{path}:") ? e.message : "#{path}: #{e.message}"
+        line = ConfigError.syntax(e)
+        raise ConfigError, line.start_with?("#{path}:") ? line : "#{path}: #{line}"
       rescue ConfigError => e
         raise ConfigError, "#{line_in(e, path)}: #{e.message}"
       rescue ScriptError, StandardError => e

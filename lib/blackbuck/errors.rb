@@ -2,7 +2,18 @@
 
 module Blackbuck
   # A bad option, directive, address or rackup file: the CLI prints the message and exits non-zero.
-  class ConfigError < StandardError; end
+  class ConfigError < StandardError
+    # A SyntaxError's message as one line, "path:LINE: syntax error, WHAT". Ruby 3.1's parser says
+    # "path:2: syntax error, unexpected end-of-input"; Prism (3.4, 4.0) says "path:2: syntax errors
+    # found", then the source lines, then one "^~ what" line per problem: the first problem is kept.
+    def self.syntax(err)
+      head, *rest = err.message.lines.map(&:chomp)
+      return head unless head.end_with?(": syntax errors found", ": syntax error found")
+
+      first = rest.filter_map { |l| l[/\A\s*\|\s*\^~*\s+(.+)\z/, 1] }.first
+      first ? head.sub(/syntax errors? found\z/, "syntax error, #{first}") : head
+    end
+  end
 
   # Raised inside the app (from a signal trap) when a request runs past --timeout.
   class RequestTimeout < Exception # rubocop:disable Lint/InheritException -- must not be rescued by `rescue => e`

@@ -269,8 +269,13 @@ module Blackbuck
         @before = GC.stat.slice(*STAT_KEYS)
         started = now
         if Process.respond_to?(:warmup)
+          # Ruby 4.0's Process.warmup promotes every live object before it marks, so garbage made
+          # just before it (the app's boot, the warm-up's requests) survived as old objects: 50,000
+          # dead strings stayed in the heap of every worker. A full GC first sweeps them (3.4's
+          # warmup did that itself; then the GC costs one more mark, a few ms).
+          GC.start(full_mark: true, immediate_sweep: true)
           Process.warmup
-          @steps << "Process.warmup"
+          @steps << "full GC, Process.warmup"
         else
           emulate_warmup
         end

@@ -67,7 +67,7 @@ class CLITest < ServerTest
       File.write("#{d}/noapp.ru", "x = 1\n")
       _o, err, status = run_cli("-l", "127.0.0.1:0", "#{d}/syntax.ru")
       assert_equal 1, status.exitstatus
-      assert_one_line_error(err, /cannot load .*syntax\.ru: syntax error/)
+      assert_one_line_error(err, /cannot load .*syntax\.ru:1: syntax error, \S/)
       _o, err, status = run_cli("-l", "127.0.0.1:0", "#{d}/raises.ru")
       assert_equal 1, status.exitstatus
       assert_one_line_error(err, /cannot load .*raises\.ru: LoadError: cannot load such file -- no_such_gem_here/)

@@ -186,7 +186,9 @@ class WarmupHeapTest < Minitest::Test
     assert_kind_of Float, seconds
     assert_operator seconds, :>, 0
     assert_operator after[:major_gc_count], :>, before[:major_gc_count]
-    assert_operator after[:heap_free_slots], :>=, 50_000, "the garbage is swept in the master"
+    # Swept, not promoted: the live slots drop by the 50,000 dead strings (4.0 then frees the empty
+    # pages, so free slots are no measure of it).
+    assert_operator after[:heap_live_slots], :<=, before[:heap_live_slots] - 40_000, "the garbage is swept in the master"
     young = after[:heap_live_slots] - after[:old_objects]
     assert_operator young, :<, after[:heap_live_slots] / 10, "survivors are old: workers do not promote them"
     line = log.string
