@@ -18,7 +18,7 @@ class ExtMissingTest < Minitest::Test
   def tree(checkout:)
     dir = Dir.mktmpdir("bb-ext")
     FileUtils.cp_r(File.join(ROOT, "lib"), dir)
-    Dir[File.join(dir, "lib/blackbuck/blackbuck_ext.*")].each { |f| File.unlink(f) }
+    Dir[File.join(dir, "lib/blackbuck/{,*/}blackbuck_ext.*")].each { |f| File.unlink(f) }
     FileUtils.touch(File.join(dir, "Rakefile")) if checkout
     dir
   end
