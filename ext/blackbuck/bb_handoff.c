@@ -168,9 +168,14 @@ static void handoff_free(void *p)
     xfree(h);
 }
 
+static size_t handoff_size(const void *p)
+{
+    return sizeof(struct handoff); /* the watcher thread's stack is the OS's, not the heap's */
+}
+
 static const rb_data_type_t handoff_type = {
     .wrap_struct_name = "Blackbuck::Native::Handoff",
-    .function = {.dmark = handoff_mark, .dfree = handoff_free, .dsize = NULL},
+    .function = {.dmark = handoff_mark, .dfree = handoff_free, .dsize = handoff_size},
     .flags = 0,
 };
 

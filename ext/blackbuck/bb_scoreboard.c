@@ -82,9 +82,17 @@ static void sb_free(void *p)
     xfree(sb);
 }
 
+/* The slots are one shared mapping (every process of the server sees it): counted here, once per
+ * process that holds the object, as ObjectSpace.memsize_of does for any mapped buffer. */
+static size_t sb_memsize(const void *p)
+{
+    const struct scoreboard *sb = p;
+    return sizeof(*sb) + sizeof(struct sb_slot) * (size_t)sb->n;
+}
+
 static const rb_data_type_t sb_type = {
     .wrap_struct_name = "Blackbuck::Native::Scoreboard",
-    .function = {.dmark = NULL, .dfree = sb_free, .dsize = NULL},
+    .function = {.dmark = NULL, .dfree = sb_free, .dsize = sb_memsize},
     .flags = RUBY_TYPED_FREE_IMMEDIATELY,
 };
 
