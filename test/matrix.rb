@@ -30,6 +30,11 @@ module TestMatrix
 
   # M:N threads (Ruby >= 3.3): what Puma's arena entries and HttpArena run with `--threads`.
   MN = { "RUBY_MN_THREADS" => "1" }.freeze
+  # Every process of the step reports Ruby's deprecation warnings about our code (chilled strings
+  # mutated, ...) to a log that `rake test:deprecations` reads (test/support/deprecations.rb).
+  # RUBYOPT is added to (Bundler's -rbundler/setup stays), not replaced.
+  DEPRECATIONS = { "RUBYOPT" => "-W:deprecated -r#{File.join(ROOT, 'test/support/deprecations.rb')}",
+                   "BLACKBUCK_DEPRECATIONS_LOG" => File.join(ROOT, "tmp/deprecations.log") }.freeze
   CACHE = File.join(Dir.home, ".cache/blackbuck")
   BASE_VERSION = "3.1" # Debian 12's Ruby
 
@@ -39,15 +44,16 @@ module TestMatrix
   # smoke run (the harness and its peers are on Debian's Ruby until the benchmark moves).
   LANES = [
     Lane.new("3.4", "primary: every suite",
-             [step("compile"), step("test"), step("test:slow"), step("test:hardening"), step("test:faults"),
+             [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:slow"), step("test:hardening"), step("test:faults"),
               step("test:rack2"), step("test:rails"), step("test:browser"), step("test:cluster"), step("test:poll"),
               step("test:threads", MN), step("c:test"), step("loadgen:test"), step("fuzz:quick")],
              [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails7.gemfile", nil]]),
     Lane.new("4.0", "unit, integration, faults, threads (M:N)",
-             [step("compile"), step("test"), step("test:faults"), step("test:threads", MN)],
+             [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:faults"),
+              step("test:threads", MN)],
              [["Gemfile", nil]]),
     Lane.new("3.1", "unit, integration, faults, threads, Rails 6.1/7.2, Rails 7.2 browser, bench smoke",
-             [step("compile"), step("test"), step("test:faults"), step("test:threads"), step("test:rails"),
+             [step("compile"), step("compile:warnings"), step("test"), step("test:faults"), step("test:threads"), step("test:rails"),
               step("test:browser"), step("bench:quick")],
              [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails61.gemfile", nil],
               ["gemfiles/rails7.gemfile", nil],
