@@ -3,6 +3,7 @@
 require "etc"
 require "rbconfig"
 require_relative "errors"
+require_relative "yjit"
 
 module Blackbuck
   # Which malloc this process runs on, and what the master sets about memory at boot: jemalloc
@@ -136,6 +137,19 @@ module Blackbuck
       end
       cap = arena_cap(config[:malloc_arena_max], config[:threads], jemalloc: loaded)
       logger.info(arena_line(cap, config)) if cap && Native.malloc_arena_max(cap)
+      yjit(config, logger)
+    end
+
+    # `yjit` and `yjit_mem_size` where the app is loaded already (rackup, rails server; the
+    # blackbuck command applied them before it loaded the app: then this finds nothing to do),
+    # then the YJIT line.
+    def yjit(config, logger)
+      step, arg = YJIT.plan_for(config, reexec: false, env: @env)
+      case step
+      when :enable then YJIT.enable(arg)
+      when :warn then logger.warn("YJIT: #{arg}")
+      when :error then raise ConfigError, arg
+      end
       logger.info(YJIT.line) if YJIT.available?
     end
 
@@ -159,43 +173,5 @@ module Blackbuck
 
     # glibc's malloc, or another libc's (musl, macOS): only glibc has arenas to cap.
     def system_malloc = defined?(Etc::CS_GNU_LIBC_VERSION) ? "glibc" : "the system's"
-
-    # YJIT as it runs in this process. On Ruby 3.1 YJIT maps its whole code region when it starts
-    # (--yjit-exec-mem-size, 256 MiB by default) and fills it, so all of it is resident in the master
-    # and in every worker's RSS: docs/DEPLOY.md says how small it can be.
-    module YJIT
-      module_function
-
-      def available? = defined?(RubyVM::YJIT) && RubyVM::YJIT.respond_to?(:enabled?)
-      def enabled? = available? && RubyVM::YJIT.enabled?
-
-      # The size of YJIT's code region in MiB, or nil (YJIT off, or no /proc): the anonymous
-      # executable mapping it made (Ruby 3.1 has no API that says --yjit-exec-mem-size).
-      def code_mib(maps = "/proc/self/maps", enabled: enabled?)
-        return nil unless enabled
-
-        bytes = File.foreach(maps).sum do |line|
-          range, perms, _offset, _dev, inode, path = line.split(" ", 6)
-          next 0 unless perms.start_with?("r-x", "rwx") && inode == "0" && path.to_s.strip.empty?
-
-          from, to = range.split("-").map { |h| h.to_i(16) }
-          to - from
-        end
-        bytes.positive? ? (bytes + (1 << 20) - 1) >> 20 : nil
-      rescue SystemCallError
-        nil
-      end
-
-      # The master's boot line.
-      def line
-        return "YJIT: off" unless enabled?
-
-        stats = RubyVM::YJIT.runtime_stats || {}
-        code = stats.values_at(:inline_code_size, :outlined_code_size).compact.sum
-        mib = code_mib
-        "YJIT: on, code region #{mib ? "#{mib} MiB" : 'of unknown size'}, #{code / 1024} KiB of it used at boot " \
-          "(--yjit-exec-mem-size; see docs/DEPLOY.md, Memory)"
-      end
-    end
   end
 end

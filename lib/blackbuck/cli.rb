@@ -53,6 +53,7 @@ module Blackbuck
       config.finalize!(@env)
       @debug = config[:debug]
       reexec_for_jemalloc(argv) if config[:jemalloc] # before the app loads: malloc is bound at exec
+      setup_yjit(argv, config) # before the app loads: its memory limit is given when YJIT starts
       # Reforking: the master does not load the app, a mold does (Refork), so nothing of it stays in
       # the master once a refork makes a warmer mold. --check loads it here, as ever.
       lean = !config[:refork_after].empty? && !@check
@@ -142,6 +143,24 @@ module Blackbuck
       raise ConfigError, "jemalloc is set, but restarting with LD_PRELOAD=#{env['LD_PRELOAD']} failed: #{e.message}"
     end
 
+    # `yjit`, `yjit_mem_size`: YJIT started here (Ruby 4.0 takes the limit in RubyVM::YJIT.enable),
+    # or this command exec'd again with the Ruby option that sets it (same pid, as for jemalloc).
+    def setup_yjit(argv, config)
+      step, arg = YJIT.plan_for(config, reexec: true, env: @env)
+      @env.delete(YJIT::REEXEC_ENV) # read: not handed to the app's subprocesses, nor to a HUP's new image
+      case step
+      when :enable then YJIT.enable(arg)
+      when :warn then Logger.new(@err).warn("YJIT: #{arg}")
+      when :error then raise ConfigError, arg
+      when :reexec
+        ruby, *rest = Allocator.command(argv)
+        options = YJIT.options(config[:yjit_mem_size]).reject { |o| rest.include?(o) }
+        Kernel.exec({ YJIT::REEXEC_ENV => "1" }, ruby, *options, *rest)
+      end
+    rescue SystemCallError => e # the exec itself failed: this process is still the old one
+      raise ConfigError, "yjit is set, but restarting with #{YJIT.options(config[:yjit_mem_size]).join(' ')} failed: #{e.message}"
+    end
+
     def debug? = @debug || %w[1 true yes on].include?(@env["BLACKBUCK_DEBUG"].to_s)
 
     def option_parser
@@ -188,6 +207,10 @@ module Blackbuck
         defaulted(o, :jemalloc, "--[no-]jemalloc",
                   "run on jemalloc: restart at once with libjemalloc2 in LD_PRELOAD (default %{default}; " \
                   "docs/DEPLOY.md, Memory)")
+        defaulted(o, :yjit, "--[no-]yjit",
+                  "start YJIT in the master before the app loads (default %{default}: as Ruby and the app decide)")
+        o.on("--yjit-mem-size MIB", "YJIT's memory limit, set the way this Ruby takes it (implies --yjit; " \
+                                    "docs/DEPLOY.md, Memory)", &set(:yjit_mem_size))
         defaulted(o, :sched_batch, "--[no-]sched-batch",
                   "run workers under SCHED_BATCH on Linux (default %{default}; see docs/CONFIGURATION.md)")
         defaulted(o, :handoff_after, "--handoff-after SEC",

@@ -12,6 +12,7 @@ module Blackbuck
     KIB = 1024
     MIB = 1024 * KIB
     MAX_THREADS = 256 # app threads per worker at most
+    YJIT_MAX_MEM_MIB = 4096 # yjit_mem_size at most, MiB
     REQUEST_TIMEOUT = 60 # seconds: the timeout setting's default outside development
     DEFAULT_PORT = 9292  # the port setting's default when $PORT is not set
     DEFAULT_ENVIRONMENT = "development" # the environment setting's default without $RACK_ENV or $RAILS_ENV
@@ -72,6 +73,8 @@ module Blackbuck
       sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
       jemalloc: false,                # the blackbuck command execs itself with libjemalloc in LD_PRELOAD (Allocator)
       malloc_arena_max: nil,          # glibc arenas; nil -> 2 with threads > 1 (unless $MALLOC_ARENA_MAX), else glibc's own
+      yjit: false,                    # true: YJIT on in the master before the app loads (false: as Ruby and the app decide)
+      yjit_mem_size: nil,             # MiB: YJIT's memory limit (implies yjit); nil -> Ruby's default (YJIT)
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
       early_hints: false,             # offer rack.early_hints (103) to apps; off: nginx < 1.29 and most proxies
@@ -140,7 +143,8 @@ module Blackbuck
       when :refork_after then @values[key] = request_steps(key, value)
       when :min_requests_per_child
         @values[key] = value.nil? ? nil : int(key, value, 0)
-      when :jemalloc then @values[key] = bool(key, value)
+      when :jemalloc, :yjit then @values[key] = bool(key, value)
+      when :yjit_mem_size then @values[key] = value.nil? ? nil : int(key, value, 1, YJIT_MAX_MEM_MIB)
       when :malloc_arena_max then @values[key] = value.nil? ? nil : int(key, value, 1, 1024)
       when *HOOKS then @values[key] = hook(key, value)
       when :warmup then @values[key] = value.nil? ? nil : hook(key, value)

@@ -181,8 +181,8 @@ class AllocatorTest < Minitest::Test
 
   # Ruby 3.1's code region is the anonymous executable mapping (MAPS has one of 256 MiB).
   def test_yjit_code_region_from_the_maps
-    assert_equal 256, Allocator::YJIT.code_mib(maps(MAPS), enabled: true)
-    assert_nil Allocator::YJIT.code_mib(maps(MAPS), enabled: false)
-    assert_nil Allocator::YJIT.code_mib(maps(MAPS.lines.reject { |l| l.include?("00:00 0\n") }.join), enabled: true)
+    assert_equal 256, Blackbuck::YJIT.code_mib(maps(MAPS), enabled: true)
+    assert_nil Blackbuck::YJIT.code_mib(maps(MAPS), enabled: false)
+    assert_nil Blackbuck::YJIT.code_mib(maps(MAPS.lines.reject { |l| l.include?("00:00 0\n") }.join), enabled: true)
   end
 end
