@@ -10,7 +10,9 @@ Gem::Specification.new do |s|
                   "connections with epoll, so idle keep-alive or slow clients never tie a worker up."
   s.authors     = ["Blackbuck developers"]
   s.license     = "MIT" # the text: LICENSE
+  # CI runs Ruby 3.4 (primary), 4.0 and 3.1 (test/matrix.rb); 3.2 and 3.3 build from the same source.
   s.required_ruby_version = ">= 3.1"
+  s.metadata["tested_rubies"] = "3.4 4.0 3.1"
   # Sources only: nothing that `rake compile` or an extconf run generates (*.so, loadgen/build/,
   # loadgen/blackbuck-load, loadgen/gem.mk) matches these patterns.
   s.files       = Dir["lib/**/*.rb", "ext/**/*.{c,h,rb}", "loadgen/**/*.{c,h}", "loadgen/Makefile",
