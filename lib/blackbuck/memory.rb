@@ -16,6 +16,7 @@ module Blackbuck
     CHECK_SECONDS = 0.01      # memory is looked at no more often than this while requests are served
     USS_COST_SHARE = 0.01     # share of a worker's time that re-reading USS may take (#uss_due?)
     OOB_GC_FREE_SLOTS = 0.1   # fraction of live slots: fewer free slots than this and a GC is near
+    OOB_GC_MIN_SLOTS = 1_000  # a size pool with fewer live slots than this is not watched
     OOB_GC_MALLOC = 0.9       # fraction of the malloc limit that counts as near
 
     # What max_memory_per_child counts here: :uss (Linux >= 4.14), :rss (an older kernel) or nil (no
@@ -61,6 +62,10 @@ module Blackbuck
       @uss = nil      # the last USS read, KiB, ...
       @uss_rss = 0    # ... the RSS read just before it, KiB ...
       @uss_at = 0.0   # ... and when USS is re-read even if RSS has not grown (#uss_due?)
+      # oob_gc_auto: each size pool's allocations counted at the last look (#gc_near?). Ruby >= 3.2
+      # has one heap per slot size (GC.stat_heap); 3.1 one heap.
+      @pools = GC.respond_to?(:stat_heap) ? GC.stat_heap.size : 0
+      @allocated = Array.new([@pools, 1].max, nil)
     end
 
     # Whether a request served has anything to do here at all.
@@ -141,10 +146,36 @@ module Blackbuck
 
     def read_kib(name) = yield(File.read("#{@proc}/#{name}"))
 
-    # Would the next allocations trigger a GC anyway? (GC.stat(key) allocates nothing.)
+    # Would the next request's allocations trigger a GC anyway? Yes when a heap has fewer free
+    # slots than the last request allocated in it (or than OOB_GC_FREE_SLOTS of its live ones), or
+    # malloc is near its limit. Ruby >= 3.2 collects when any one size pool runs out, while the
+    # others may have room: the heap's total free slots said "far" on 3.4 while the 40-byte pool ran
+    # out in every request. (GC.stat(key) and GC.stat_heap(i, key) allocate nothing; objects not yet
+    # swept count as live, so this errs towards a GC between requests.)
     def gc_near?
-      GC.stat(:heap_free_slots) < GC.stat(:heap_live_slots) * OOB_GC_FREE_SLOTS ||
-        GC.stat(:malloc_increase_bytes) > GC.stat(:malloc_increase_bytes_limit) * OOB_GC_MALLOC
+      return true if GC.stat(:malloc_increase_bytes) > GC.stat(:malloc_increase_bytes_limit) * OOB_GC_MALLOC
+
+      spare = @pools.zero? ? 0 : GC.stat(:heap_allocatable_slots) # pages a pool may still add without a GC
+      near = false
+      @allocated.each_index do |i|
+        allocated, live, free = pool_slots(i)
+        last = @allocated[i]
+        @allocated[i] = allocated
+        next if live < OOB_GC_MIN_SLOTS
+
+        need = [last ? allocated - last : 0, (live * OOB_GC_FREE_SLOTS).to_i].max
+        near ||= free + spare < need
+      end
+      near
+    end
+
+    # [objects ever allocated, live slots, free slots] of size pool i (3.1: of the heap).
+    def pool_slots(i)
+      return [GC.stat(:total_allocated_objects), GC.stat(:heap_live_slots), GC.stat(:heap_free_slots)] if @pools.zero?
+
+      allocated = GC.stat_heap(i, :total_allocated_objects)
+      live = allocated - GC.stat_heap(i, :total_freed_objects)
+      [allocated, live, GC.stat_heap(i, :heap_eden_slots) - live]
     end
   end
 end

@@ -10,7 +10,8 @@ class RackCallbacksTest < ServerTest
     server = start_server(["-l", "127.0.0.1:0"], app: "kitchen.ru", env: env, dir: dir)
     io = server.tcp
     assert_equal "abbccc", request(io, "GET", "/each").body
-    Timeout.timeout(5) { sleep 0.02 until File.exist?("#{dir}/closed") } # close runs right after the last byte
+    # close runs right after the last byte; File.write creates the file before it writes (seen empty once)
+    Timeout.timeout(5) { sleep 0.02 until File.size?("#{dir}/closed") }
     assert_equal "closed", File.read("#{dir}/closed")
     File.delete("#{dir}/closed")
     io.close
