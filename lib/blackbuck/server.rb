@@ -37,6 +37,9 @@ module Blackbuck
       logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{processes_line(config)}, parser #{Native.http_impl}, " \
                   "pid #{Process.pid}#{", config #{config[:config_file]}" if config[:config_file]}")
       logger.info(timeout_line(config))
+      if config[:restart_file]
+        logger.info("restart file: #{config[:restart_file]} (touching it, as `bin/rails restart` does, restarts as HUP does)")
+      end
       Allocator.new(env: env).boot(config, logger) # malloc and YJIT lines; the arena cap, inherited by every fork
       logger.info(Memory.describe(config[:max_memory_per_child])) if config[:max_memory_per_child].positive?
       write_pid(config[:pid])
