@@ -81,6 +81,47 @@ class RailsAppTest < ServerTest
     refute_match(/listening on unix/, rails.log)
   end
 
+  # Rails 8's generated Dockerfile runs `./bin/thrust ./bin/rails server`: with
+  # RACKUP_HANDLER=blackbuck (RACK_HANDLER on Rack 2) that server is Blackbuck. PIDFILE, as Kamal
+  # or a Procfile sets it, names the master (Rails writes it, and so does Blackbuck).
+  def test_rackup_handler_blackbuck_rails_server_and_pidfile
+    require "rack"
+    var = Rack.release.to_i >= 3 ? "RACKUP_HANDLER" : "RACK_HANDLER"
+    pidfile = "#{@app_dir}/tmp/pids/from-env.pid"
+    rails = ChildProcess.new([RbConfig.ruby, "bin/rails", "server", "-e", "production", "-b", "127.0.0.1", "-p", "0"],
+                             log_path: "#{@app_dir}/rails-handler.log", chdir: @app_dir,
+                             env: { var => "blackbuck", "WEB_CONCURRENCY" => "2", "PIDFILE" => pidfile,
+                                    "RAILS_MAX_THREADS" => "2" })
+    (@rails ||= []) << rails
+    wait_for(60) do
+      flunk("rails server exited:\n#{rails.log}") if rails.exited?
+      rails.log.scan(/worker \d+ \(pid \d+\) ready/).size >= 2
+    end
+    assert_match(/=> Booting Blackbuck/, rails.log)
+    assert_match(/2 workers \(\$WEB_CONCURRENCY\) x 2 app threads \(\$RAILS_MAX_THREADS\)/, rails.log)
+    port = Integer(rails.log[%r{listening on http://127\.0\.0\.1:(\d+)}, 1])
+    check_app("127.0.0.1", port)
+    assert_equal rails.pid, Integer(File.read(pidfile)), "PIDFILE names the server's master"
+    Process.kill(:TERM, rails.pid)
+    assert rails.wait_exit(30)&.success?, rails.log
+    refute File.exist?(pidfile), "the pid file goes with the server"
+  end
+
+  # `bin/rails restart` touches tmp/restart.txt; the blackbuck command, run in a Rails app (which
+  # has a tmp/ directory), watches it and restarts with the new code as HUP does.
+  def test_bin_rails_restart_restarts_the_blackbuck_command
+    FileUtils.mkdir_p("#{@app_dir}/tmp")
+    server = start_server(["-E", "production", "-l", "127.0.0.1:0"], app: "#{@app_dir}/config.ru", workers: 2,
+                                                                     dir: @app_dir)
+    old = server.worker_pids
+    _out, err, status = Open3.capture3(RbConfig.ruby, "bin/rails", "restart", chdir: @app_dir)
+    assert status.success?, err
+    assert_logged(server, %r{tmp/restart\.txt changed: restarting as HUP does}, 30)
+    wait_for(90, "the new workers serve") { (server.worker_pids - old).size >= 2 }
+    wait_for(30, "old workers gone") { server.log.scan(/old worker \(pid \d+\) exited/).size == 2 }
+    check_app("127.0.0.1", server.tcp_port)
+  end
+
   def test_behind_nginx_with_upstream_keepalive
     skip "nginx is not installed" unless NginxProxy.available?
     server = start_server(["-E", "production", "-l", "unix:#{@app_dir}/app.sock"],
