@@ -6,10 +6,10 @@ require "json"
 require "digest"
 require "open3"
 
-# A real Rails app (test/apps/rails) run by the real `blackbuck` and by `rails server -u
-# blackbuck`, on Debian's Rails 6.1 (gemfiles/rails61.gemfile) and on Rails 7.2 from RubyGems
-# (gemfiles/rails7.gemfile): `rake test:rails` runs this file once under each. Every check speaks
-# to the app through a real client (Net::HTTP, raw sockets, nginx with upstream keep-alive).
+# A real Rails app (test/apps/rails) run by the real `blackbuck`, by `rails server -u blackbuck` and
+# by `RACKUP_HANDLER=blackbuck rails server`: `rake test:rails` runs this file once under each of
+# gemfiles/rails7 and rails8 (Ruby >= 3.2) or rails61 (Debian's Rails 6.1) and rails7 (Ruby 3.1).
+# Every check speaks to the app through a real client (Net::HTTP, raw sockets, nginx with upstream keep-alive).
 class RailsAppTest < ServerTest
   APP = File.join(APPS, "rails")
   BIG = 4 * 1024 * 1024 # bytes of public/big.bin, served by send_file and by the static files
