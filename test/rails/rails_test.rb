@@ -83,15 +83,27 @@ class RailsAppTest < ServerTest
 
   # Rails 8's generated Dockerfile runs `./bin/thrust ./bin/rails server`: with
   # RACKUP_HANDLER=blackbuck (RACK_HANDLER on Rack 2) that server is Blackbuck. PIDFILE, as Kamal
-  # or a Procfile sets it, names the master (Rails writes it, and so does Blackbuck).
+  # or a Procfile sets it, names the master (Rails writes it, and so does Blackbuck); Kamal's
+  # SOLID_QUEUE_IN_PUMA runs bin/jobs (here a stand-in that logs its start and its TERM).
   def test_rackup_handler_blackbuck_rails_server_and_pidfile
     require "rack"
     var = Rack.release.to_i >= 3 ? "RACKUP_HANDLER" : "RACK_HANDLER"
     pidfile = "#{@app_dir}/tmp/pids/from-env.pid"
+    jobs_log = "#{@app_dir}/jobs.log"
+    FileUtils.mkdir_p("#{@app_dir}/bin")
+    File.write("#{@app_dir}/bin/jobs", <<~RUBY)
+      #!#{RbConfig.ruby}
+      File.write(#{jobs_log.inspect}, "start \#{Process.pid}\n", mode: "a")
+      stop = false
+      trap(:TERM) { stop = true }
+      sleep 0.02 until stop
+      File.write(#{jobs_log.inspect}, "term \#{Process.pid}\n", mode: "a")
+    RUBY
+    File.chmod(0o755, "#{@app_dir}/bin/jobs")
     rails = ChildProcess.new([RbConfig.ruby, "bin/rails", "server", "-e", "production", "-b", "127.0.0.1", "-p", "0"],
                              log_path: "#{@app_dir}/rails-handler.log", chdir: @app_dir,
                              env: { var => "blackbuck", "WEB_CONCURRENCY" => "2", "PIDFILE" => pidfile,
-                                    "RAILS_MAX_THREADS" => "2" })
+                                    "RAILS_MAX_THREADS" => "2", "SOLID_QUEUE_IN_PUMA" => "true" })
     (@rails ||= []) << rails
     wait_for(60) do
       flunk("rails server exited:\n#{rails.log}") if rails.exited?
@@ -102,9 +114,11 @@ class RailsAppTest < ServerTest
     port = Integer(rails.log[%r{listening on http://127\.0\.0\.1:(\d+)}, 1])
     check_app("127.0.0.1", port)
     assert_equal rails.pid, Integer(File.read(pidfile)), "PIDFILE names the server's master"
+    jobs = wait_for(30, "bin/jobs started") { File.exist?(jobs_log) && File.read(jobs_log)[/\Astart (\d+)/, 1] }
     Process.kill(:TERM, rails.pid)
     assert rails.wait_exit(30)&.success?, rails.log
     refute File.exist?(pidfile), "the pid file goes with the server"
+    assert_equal "start #{jobs}\nterm #{jobs}\n", File.read(jobs_log), "bin/jobs was stopped with the server"
   end
 
   # `bin/rails restart` touches tmp/restart.txt; the blackbuck command, run in a Rails app (which
