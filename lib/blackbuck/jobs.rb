@@ -14,7 +14,7 @@ module Blackbuck
   #   pid's child) and starts bin/jobs afresh with the new code.
   # The master's loop drives it: #turn in the idle branch, #reaped for every child not a worker.
   class Jobs
-    OLD_ENV = "BLACKBUCK_OLD_JOBS" # the previous image's runner, told to stop: "pid:deadline_in_seconds"
+    OLD_ENV = "BLACKBUCK_OLD_JOBS" # the previous image's runners, told to stop: "pid:seconds_left,..."
     BACKOFF_FIRST = 1   # seconds before restarting a runner that died young
     BACKOFF_MAX = 30    # seconds: the back-off doubles up to this
     YOUNG = 10          # seconds: a runner that dies sooner doubles the next back-off; one that ran longer resets it
@@ -24,10 +24,11 @@ module Blackbuck
       path = File.join(config.app_dir, Config::JOBS_COMMAND)
       return nil if File.file?(path) && File.executable?(path)
 
-      from = config.origin(:solid_queue) || "solid_queue"
-      "#{from} asks for Solid Queue's supervisor, but #{path} is #{File.exist?(path) ? 'not executable' : 'missing'} " \
-        "(run bin/rails solid_queue:install; or unset #{from == 'solid_queue' ? 'it' : from.delete_prefix('$')} " \
-        "and run bin/jobs on its own)"
+      var = config.origin(:solid_queue) # "$SOLID_QUEUE_IN_PUMA", or nil: the setting asked
+      off = var ? "unset #{var.delete_prefix('$')}" : "set solid_queue false"
+      "#{var || 'solid_queue'} asks for Solid Queue's supervisor, but #{path} is " \
+        "#{File.exist?(path) ? 'not executable' : 'missing'} (bin/rails solid_queue:install makes it; or #{off} " \
+        "and run the jobs another way)"
     end
 
     def initialize(config, logger, env: ENV)
@@ -42,8 +43,6 @@ module Blackbuck
       @stopping = {}       # pid => monotonic deadline after which it is SIGKILLed
       adopt_old(env)
     end
-
-    def pid = @pid
 
     # Nothing of ours is left running.
     def gone? = @pid.nil? && @stopping.empty?
