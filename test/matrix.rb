@@ -47,7 +47,7 @@ module TestMatrix
              [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:slow"), step("test:hardening"), step("test:faults"),
               step("test:rack2"), step("test:rails"), step("test:browser"), step("test:cluster"), step("test:poll"),
               step("test:threads", MN), step("c:test"), step("loadgen:test"), step("fuzz:quick")],
-             [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails7.gemfile", nil]]),
+             [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails7.gemfile", nil], ["gemfiles/rails8.gemfile", nil]]),
     Lane.new("4.0", "unit, integration, faults, threads (M:N)",
              [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:faults"),
               step("test:threads", MN)],

@@ -52,6 +52,7 @@ module Blackbuck
       config.set(:rackup, rest.first) if rest.first
       config.finalize!(@env)
       @debug = config[:debug]
+      refuse_without_jobs(config)
       reexec_for_jemalloc(argv) if config[:jemalloc] # before the app loads: malloc is bound at exec
       setup_yjit(argv, config) # before the app loads: its memory limit is given when YJIT starts
       # Reforking: the master does not load the app, a mold does (Refork), so nothing of it stays in
@@ -132,6 +133,14 @@ module Blackbuck
       end
     end
 
+    # solid_queue (or $SOLID_QUEUE_IN_PUMA) without the app's bin/jobs: the jobs would silently not
+    # run, so the server does not start (the --check of a HUP fails the same way: the old code serves on).
+    def refuse_without_jobs(config)
+      require_relative "jobs"
+      why = config[:solid_queue] && Jobs.missing(config)
+      raise ConfigError, why if why
+    end
+
     # `jemalloc true`, not running on it yet: the same command again with LD_PRELOAD naming it (same
     # pid, so systemd and pid files see one process). Raises ConfigError when it cannot be loaded.
     def reexec_for_jemalloc(argv)
@@ -189,9 +198,12 @@ module Blackbuck
              &set(:unix_socket_group))
         o.separator ""
         o.separator "Processes:"
-        o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count)", &set(:workers))
+        o.on("-w", "--workers N", "worker processes (default $WEB_CONCURRENCY or the CPU count; " \
+                                          "$WEB_CONCURRENCY=auto: the CPU count)",
+             &set(:workers))
         defaulted(o, :threads, "--threads N",
-                  "app threads per worker (default %{default}: the app never runs concurrently with itself)")
+                  "app threads per worker (default $RAILS_MAX_THREADS, else %{default}: the app never runs " \
+                  "concurrently with itself)")
         o.on("--max-requests-per-child N", "recycle a worker after N requests (0 = never)", &set(:max_requests_per_child))
         o.on("--min-requests-per-child N", "each worker's limit is random in [min, max]", &set(:min_requests_per_child))
         o.on("-t", "--timeout SEC", "a request running longer is answered 503 and its worker replaced " \
@@ -218,6 +230,13 @@ module Blackbuck
                   "its app has run SEC (default %{default}; 0 = never)")
         defaulted(o, :max_queue_time, "--max-queue-time SEC",
                   "answer 503 + Retry-After to a request that waited longer for the app (default %{default} = off)")
+        o.on("--[no-]solid-queue", "run the app's bin/jobs (Solid Queue) as a child of the master, stopped and " \
+                                   "restarted with the server (on by default when $SOLID_QUEUE_IN_PUMA is set)",
+             &set(:solid_queue))
+        o.on("--restart-file FILE", "a change of FILE's mtime restarts the server as HUP does (by default " \
+                                    "#{Config::RESTART_FILE} when the app's directory has tmp/: `bin/rails restart`)",
+             &set(:restart_file))
+        o.on("--no-restart-file", "no restart file") { @overrides << [:restart_file, false] }
         o.on("--stats-listen ADDR", "serve GET /status (JSON) and GET /metrics (Prometheus) on ADDR; a bare PORT " \
                                     "is 127.0.0.1:PORT (0.0.0.0:PORT for every interface)", &set(:stats_listen))
         o.separator ""
@@ -266,7 +285,7 @@ module Blackbuck
         end
         o.on("-E", "--env ENV", "RACK_ENV (default $RACK_ENV, else $RAILS_ENV, else #{Config::DEFAULT_ENVIRONMENT})",
              &set(:environment))
-        o.on("-P", "--pid FILE", "write the master's pid to FILE", &set(:pid))
+        o.on("-P", "--pid FILE", "write the master's pid to FILE (default $PIDFILE)", &set(:pid))
         o.on("--log FILE", "append log lines to FILE instead of stderr (reopened on USR1)", &set(:log))
         o.on("--check", "load the config and the app, report, and exit without serving") { @check = true }
         o.on("--debug", "DEBUG log entries, and the whole backtrace of a boot error (also BLACKBUCK_DEBUG=1)") do

@@ -16,6 +16,8 @@ module Blackbuck
     REQUEST_TIMEOUT = 60 # seconds: the timeout setting's default outside development
     DEFAULT_PORT = 9292  # the port setting's default when $PORT is not set
     DEFAULT_ENVIRONMENT = "development" # the environment setting's default without $RACK_ENV or $RAILS_ENV
+    RESTART_FILE = "tmp/restart.txt"   # restart_file's default, in the app's directory (what `bin/rails restart` touches)
+    JOBS_COMMAND = "bin/jobs"          # what solid_queue runs, in the app's directory (Rails 8 generates it)
 
     # One entry of the listen list: an address (as Listeners.parse reads it) and whether every
     # connection to it starts with a PROXY protocol header from a load balancer.
@@ -30,13 +32,20 @@ module Blackbuck
       backlog: 1024,                  # listen(2) queue length
       unix_socket_mode: nil,          # e.g. 0o660; nil keeps the umask's
       unix_socket_group: nil,         # gid (set from a group name or number); nil keeps the process's group
-      workers: nil,                   # nil -> $WEB_CONCURRENCY, else the CPU count (or the cgroup CPU quota, if fewer)
-      threads: 1,                     # app threads per worker; 1 = the app never runs concurrently with itself
+      workers: nil,                   # nil -> $WEB_CONCURRENCY (a count or "auto"), else Config.cpus (the CPU count, or the
+                                      # cgroup CPU quota if fewer)
+      threads: 1,                     # app threads per worker; 1 = the app never runs concurrently with itself;
+                                      # $RAILS_MAX_THREADS when neither the file nor the command line sets it
       rackup: "config.ru",
       config_file: nil,               # the config file read (-c FILE, or config/blackbuck.rb when present); not a directive
       environment: nil,               # nil -> $RACK_ENV, else $RAILS_ENV, else DEFAULT_ENVIRONMENT
       debug: false,                   # DEBUG log entries and full boot-error backtraces; also BLACKBUCK_DEBUG=1
-      pid: nil,                       # pid file path
+      pid: nil,                       # pid file path; nil -> $PIDFILE, else none
+      restart_file: nil,              # a file whose mtime change restarts the server as HUP does (`bin/rails restart`
+                                      # touches tmp/restart.txt); nil -> tmp/restart.txt of the app's directory when
+                                      # that has a tmp/ directory (a Rails app), else none; false = off
+      solid_queue: nil,               # run the app's bin/jobs (Solid Queue's supervisor) as a child of the master;
+                                      # nil -> on when $SOLID_QUEUE_IN_PUMA is set (as Rails' config/puma.rb), else off
       log: nil,                       # log file path; nil -> stderr
       max_requests_per_child: 0,      # requests; 0 = never recycle
       min_requests_per_child: nil,    # requests; each worker's limit is random in [min, max]
@@ -111,14 +120,24 @@ module Blackbuck
       @values = DEFAULTS.dup
       @values[:listen] = []
       @values[:x_accel_mapping] = []
+      @given = {}   # key => true once #set (the config file, the command line, a rack handler's options)
+      @origins = {} # key => "$VAR" or "$VAR=value" for a value #finalize! took from the environment
     end
 
     def [](key) = @values.fetch(key)
+
+    # Where a value came from when the environment gave it ("$WEB_CONCURRENCY=auto",
+    # "$RAILS_MAX_THREADS"), else nil: for the boot line.
+    def origin(key) = @origins[key]
+
+    # The directory of the app: where its rackup file is (a Rails app's root).
+    def app_dir = File.dirname(File.expand_path(@values[:rackup]))
 
     def set(key, value)
       key = key.to_sym
       raise ConfigError, "unknown setting #{key}" unless DEFAULTS.key?(key) || key == :listen_one
 
+      @given[key] = true
       case key
       when :listen # the whole list (listen_one adds one)
         @values[:listen] = []
@@ -145,6 +164,8 @@ module Blackbuck
         @values[key] = value.nil? ? nil : int(key, value, 0)
       when :jemalloc, :yjit then @values[key] = bool(key, value)
       when :yjit_mem_size then @values[key] = value.nil? ? nil : int(key, value, 1, YJIT_MAX_MEM_MIB)
+      when :solid_queue then @values[key] = value.nil? ? nil : bool(key, value)
+      when :restart_file then @values[key] = restart_file(key, value)
       when :malloc_arena_max then @values[key] = value.nil? ? nil : int(key, value, 1, 1024)
       when *HOOKS then @values[key] = hook(key, value)
       when :warmup then @values[key] = value.nil? ? nil : hook(key, value)
@@ -154,10 +175,24 @@ module Blackbuck
       self
     end
 
-    # Values derived once the sources are merged.
+    # Values derived once the sources are merged. The environment's variables fill only what the
+    # config file and the command line left unset (as Rails' generated config/puma.rb reads them);
+    # a blank one counts as unset (as Puma).
     def finalize!(env = ENV)
-      @values[:port] ||= env["PORT"] ? int(:port, env["PORT"], 0, 65_535) : DEFAULT_PORT
-      @values[:workers] ||= env["WEB_CONCURRENCY"] ? int(:workers, env["WEB_CONCURRENCY"], 1, 4096) : Config.cpus
+      @values[:port] ||= from_env(env, :port, "PORT") { |v| int(:port, v, 0, 65_535) } || DEFAULT_PORT
+      @values[:workers] ||= from_env(env, :workers, "WEB_CONCURRENCY") { |v| workers_from_env(v) } || Config.cpus
+      unless @given[:threads]
+        @values[:threads] = from_env(env, :threads, "RAILS_MAX_THREADS") { |v| int(:threads, v, 1, MAX_THREADS) } ||
+                            @values[:threads]
+      end
+      @values[:pid] ||= from_env(env, :pid, "PIDFILE") { |v| v }
+      if @values[:solid_queue].nil?
+        # Rails' config/puma.rb: `plugin :solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]`: any value, even "false"
+        @values[:solid_queue] = !env["SOLID_QUEUE_IN_PUMA"].nil?
+        @origins[:solid_queue] = "$SOLID_QUEUE_IN_PUMA" if @values[:solid_queue]
+      end
+      file = @values[:restart_file]
+      @values[:restart_file] = file.nil? ? default_restart_file : file && File.expand_path(file, app_dir)
       @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || DEFAULT_ENVIRONMENT
       # No request timeout in development unless one is set (as Puma): a developer at a `debugger`
       # prompt must not have the worker replaced under them.
@@ -174,6 +209,43 @@ module Blackbuck
     end
 
     private
+
+    # The variable's value through the block (whose ConfigError is reworded to name the variable),
+    # or nil when it is unset or blank. Records where the value came from.
+    def from_env(env, key, var)
+      raw = env[var]
+      return nil if raw.nil? || raw.strip.empty?
+
+      value = yield(raw.strip)
+      @origins[key] = raw.strip.match?(/\A\d+\z/) ? "$#{var}" : "$#{var}=#{raw.strip}"
+      value
+    rescue ConfigError => e
+      raise ConfigError, e.message.sub(/\A#{key} /, "$#{var} ")
+    end
+
+    # $WEB_CONCURRENCY: a worker count, or "auto" (as Puma 7+): Config.cpus, the CPUs this process
+    # may use within its cgroup's quota, as the default.
+    def workers_from_env(value)
+      return Config.cpus if value == "auto"
+
+      int(:workers, value, 1, 4096)
+    rescue ConfigError
+      raise ConfigError, "workers must be an integer 1..4096 or auto, got #{value.inspect}"
+    end
+
+    # restart_file: a path (relative to the app's directory, made absolute by #finalize!), or
+    # false/"false"/"off" (none).
+    def restart_file(key, value)
+      return false if value == false || %w[false off no 0].include?(value)
+
+      string(key, value)
+    end
+
+    # restart_file left unset: the app's tmp/restart.txt when the app's directory has a tmp/ (a Rails
+    # app has one; `bin/rails restart` touches that file), else none.
+    def default_restart_file
+      File.directory?(File.join(app_dir, "tmp")) ? File.join(app_dir, RESTART_FILE) : false
+    end
 
     def int(key, value, min = 0, max = nil)
       n = value.is_a?(Integer) ? value : Integer(value.to_s, 10)

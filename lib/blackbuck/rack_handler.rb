@@ -37,6 +37,9 @@ module Blackbuck
       config.set(:environment, options[:environment].to_s) if options[:environment]
       config.set(:debug, true) if options[:debug]
       config.finalize!
+      why = config[:solid_queue] && Jobs.missing(config)
+      raise ConfigError, why if why
+
       logger = Logger.new($stderr, path: config[:log], debug: config[:debug])
       ignored.each { |name| logger.debug("option #{name} ignored: rackup's or Rails' own, not a Blackbuck setting") }
       unknown.each do |name|

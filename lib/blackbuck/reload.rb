@@ -11,7 +11,11 @@ module Blackbuck
   class Reload
     # server: what before_exec gets (the Supervisor); signals: the master's SignalQueue (what is
     # queued goes with the re-exec; its traps come back if the exec fails).
-    def initialize(server:, config:, logger:, notify:, children:, listeners:, signals:)
+    # jobs: the app's job runner (Jobs) or nil; restart_file: the RestartFile or nil (both hand
+    # something to the new image).
+    def initialize(server:, config:, logger:, notify:, children:, listeners:, signals:, jobs: nil, restart_file: nil)
+      @jobs = jobs
+      @restart_file = restart_file
       @server = server
       @config = config
       @logger = logger
@@ -34,6 +38,8 @@ module Blackbuck
       unless Reexec.available?
         @logger.info("HUP: replacing every worker (started without the blackbuck command: no code reload)")
         @children.tell_all
+        @jobs&.stop("HUP")
+        @jobs&.resume # bin/jobs loads the app afresh: the new code's
         return
       end
       if @children.handing_over?
@@ -86,9 +92,15 @@ module Blackbuck
         if pending.intersect?(EarlySignals::NAMES)
       env = @notify ? @notify.env_for_exec : {}
       env = env.merge(Reexec::STANDIN_ENV => standin.to_s) if standin
+      env = env.merge(@restart_file.env_for_exec) if @restart_file
+      if @jobs # the new image waits for it and starts the new code's
+        @jobs.stop("HUP: the new image starts it with the new code")
+        env = env.merge(@jobs.env_for_exec)
+      end
       Reexec.exec!(@listeners, @children.for_exec, pending: pending, status: status&.listener, env: env)
     rescue SystemCallError, IOError => e
       @children.signal(:TERM, standin) if standin
+      @jobs&.resume
       @signals.trap_all
       @logger.error("HUP: re-exec failed (#{e.message}); the running workers keep serving")
       @notify&.ready("reload failed, #{@children.size} workers still serving the old code")

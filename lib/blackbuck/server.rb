@@ -34,10 +34,12 @@ module Blackbuck
         l.io.fcntl(Fcntl::F_SETFL, l.io.fcntl(Fcntl::F_GETFL) | Fcntl::O_NONBLOCK)
         logger.info("listening on #{l.name}#{' (inherited)' if l.inherited?}#{' (PROXY protocol)' if l.proxy_protocol?}")
       end
-      logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{config[:workers]} workers" \
-                  "#{" x #{config[:threads]} app threads" if config[:threads] > 1}, parser #{Native.http_impl}, pid #{Process.pid}" \
-                  "#{", config #{config[:config_file]}" if config[:config_file]}")
+      logger.info("Blackbuck #{VERSION} (#{config[:environment]}), #{processes_line(config)}, parser #{Native.http_impl}, " \
+                  "pid #{Process.pid}#{", config #{config[:config_file]}" if config[:config_file]}")
       logger.info(timeout_line(config))
+      if config[:restart_file]
+        logger.info("restart file: #{config[:restart_file]} (touching it, as `bin/rails restart` does, restarts as HUP does)")
+      end
       Allocator.new(env: env).boot(config, logger) # malloc and YJIT lines; the arena cap, inherited by every fork
       logger.info(Memory.describe(config[:max_memory_per_child])) if config[:max_memory_per_child].positive?
       write_pid(config[:pid])
@@ -94,6 +96,16 @@ module Blackbuck
         nil
       end
       alias shutdown stop
+    end
+
+    # "2 workers ($WEB_CONCURRENCY=auto) x 3 app threads ($RAILS_MAX_THREADS)": the counts, and the
+    # variable each came from when the environment gave it (one app thread is not said unless so).
+    def processes_line(config)
+      from = ->(key) { (o = config.origin(key)) ? " (#{o})" : "" }
+      threads = config[:threads]
+      line = "#{config[:workers]} workers#{from.(:workers)}"
+      line += " x #{threads} app thread#{'s' if threads > 1}#{from.(:threads)}" if threads > 1 || config.origin(:threads)
+      line
     end
 
     # Which request timeout applies (none in development unless set: a debugger's prompt).

@@ -13,6 +13,8 @@ require_relative "request_timeouts"
 require_relative "reload"
 require_relative "refork"
 require_relative "warmup"
+require_relative "jobs"
+require_relative "restart_file"
 
 module Blackbuck
   # The master process: forks workers from the preloaded app, keeps their number, replaces
@@ -20,7 +22,8 @@ module Blackbuck
   # loop; #run's `case` is the whole lifecycle (docs/SIGNALS.md follows it branch for branch).
   # Each job it delegates has a room of its own: the signal queue (SignalQueue), the workers
   # and their reaping (Children), forking one (Spawner), when to replace one (Respawn), the
-  # request timeout (RequestTimeouts), HUP and the handover (Reload).
+  # request timeout (RequestTimeouts), HUP and the handover (Reload), the app's job runner (Jobs),
+  # the restart file (RestartFile).
   class Supervisor
     SIGNALS = %i[TERM INT QUIT HUP TTIN TTOU USR1 CHLD].freeze
     FORCE_GRACE = 5 # seconds a forced stop (a second INT/TERM) gives a request already in the app
@@ -45,8 +48,10 @@ module Blackbuck
                              logger: logger, traps: SIGNALS, refork: @refork)
       @respawn = Respawn.new(logger)
       @timeouts = RequestTimeouts.new(config[:timeout], @scoreboard, logger)
+      @jobs = (Jobs.new(config, logger) if config[:solid_queue])
+      @restart_file = (RestartFile.new(config[:restart_file]) if config[:restart_file])
       @reload = Reload.new(server: self, config: config, logger: logger, notify: notify, children: @children,
-                           listeners: listeners, signals: @signals)
+                           listeners: listeners, signals: @signals, jobs: @jobs, restart_file: @restart_file)
       @notify = notify       # SystemdNotify under a Type=notify unit, else nil
       @announced = false     # READY=1 said for the current set of workers
       @drain_until = nil     # shutdown_delay: when TERM's delay is over
@@ -116,6 +121,8 @@ module Blackbuck
         @reload.retire_old_workers(@wanted)
         reload if @reload.pending? && !@children.handing_over?
         @request_counts.sample(@children.live_slots)
+        @jobs&.turn(stopping: @stopping || @drain_until)
+        restart_file_touched
         announce
         @stopping = true if @drain_until && now >= @drain_until
         sleep_until_woken(@notify&.watchdog_interval&.clamp(0.01, 1) || 1)
@@ -158,6 +165,14 @@ module Blackbuck
       else
         raise "[BUG] unexpected signal #{sig}"
       end
+    end
+
+    # `bin/rails restart` touched the restart file: what HUP does, through the HUP branch.
+    def restart_file_touched
+      return unless @restart_file&.touched? && !@stopping && !@drain_until
+
+      @logger.info("#{@restart_file.path} changed: restarting as HUP does")
+      @signals.push(:HUP)
     end
 
     # USR1 (logrotate moved the file): opens the log file again and says so in the new one.
@@ -246,7 +261,7 @@ module Blackbuck
     # Every worker that has exited: its numbers kept, its exit logged (and, for one that could not
     # boot, maybe the end of the master: Respawn), its hook called.
     def reap
-      others = ->(pid, status) { @refork.reaped(pid, status, @spawner.crash_reason(pid)) }
+      others = ->(pid, status) { @jobs&.reaped(pid, status) || @refork.reaped(pid, status, @spawner.crash_reason(pid)) }
       @children.reap(others: others) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
         why = @spawner.crash_reason(child.pid)
@@ -277,6 +292,7 @@ module Blackbuck
       @listeners.each(&:close)
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
       @refork.stop_mold("the server stops")
+      @jobs&.stop("the server stops")
       @children.tell_all
       @children.stop_old # after a HUP not yet complete: they stop too
       # A worker whose app runs reads its pipe only after the request: this makes it close its
@@ -284,10 +300,11 @@ module Blackbuck
       @children.signal_all(Worker::STOP_ACCEPTING_SIGNAL)
       stops = 1
       deadline = now + @config[:graceful_timeout] + 1
-      until @children.all_gone?
+      until @children.all_gone? && (@jobs.nil? || @jobs.gone?)
         case (sig = @signals.shift)
         when nil
           reap
+          @jobs&.turn(stopping: true) # KILLs a runner past graceful_timeout
           break if now > deadline
 
           announce_watchdog
@@ -320,12 +337,13 @@ module Blackbuck
     end
 
     def kill_workers(why)
+      @jobs&.kill_all
       @children.pids.each do |pid|
         @logger.warn("worker pid #{pid} #{why}; killing it")
         @children.signal(:KILL, pid)
       end
       wait_until = now + 5 # SIGKILL cannot be caught: they are gone within moments
-      until @children.all_gone? || now > wait_until
+      until (@children.all_gone? && (@jobs.nil? || @jobs.gone?)) || now > wait_until
         reap
         sleep 0.01
       end

@@ -6,10 +6,10 @@ require "json"
 require "digest"
 require "open3"
 
-# A real Rails app (test/apps/rails) run by the real `blackbuck` and by `rails server -u
-# blackbuck`, on Debian's Rails 6.1 (gemfiles/rails61.gemfile) and on Rails 7.2 from RubyGems
-# (gemfiles/rails7.gemfile): `rake test:rails` runs this file once under each. Every check speaks
-# to the app through a real client (Net::HTTP, raw sockets, nginx with upstream keep-alive).
+# A real Rails app (test/apps/rails) run by the real `blackbuck`, by `rails server -u blackbuck` and
+# by `RACKUP_HANDLER=blackbuck rails server`: `rake test:rails` runs this file once under each of
+# gemfiles/rails7 and rails8 (Ruby >= 3.2) or rails61 (Debian's Rails 6.1) and rails7 (Ruby 3.1).
+# Every check speaks to the app through a real client (Net::HTTP, raw sockets, nginx with upstream keep-alive).
 class RailsAppTest < ServerTest
   APP = File.join(APPS, "rails")
   BIG = 4 * 1024 * 1024 # bytes of public/big.bin, served by send_file and by the static files
@@ -79,6 +79,61 @@ class RailsAppTest < ServerTest
     rails = start_rails_server("-b", "127.0.0.1", "-p", port.to_s, workers: 3)
     assert_match(/listening on http:\/\/127\.0\.0\.1:#{port}/, rails.log, "-b/-p win over the file")
     refute_match(/listening on unix/, rails.log)
+  end
+
+  # Rails 8's generated Dockerfile runs `./bin/thrust ./bin/rails server`: with
+  # RACKUP_HANDLER=blackbuck (RACK_HANDLER on Rack 2) that server is Blackbuck. PIDFILE, as Kamal
+  # or a Procfile sets it, names the master (Rails writes it, and so does Blackbuck); Kamal's
+  # SOLID_QUEUE_IN_PUMA runs bin/jobs (here a stand-in that logs its start and its TERM).
+  def test_rackup_handler_blackbuck_rails_server_and_pidfile
+    require "rack"
+    var = Rack.release.to_i >= 3 ? "RACKUP_HANDLER" : "RACK_HANDLER"
+    pidfile = "#{@app_dir}/tmp/pids/from-env.pid"
+    jobs_log = "#{@app_dir}/jobs.log"
+    FileUtils.mkdir_p("#{@app_dir}/bin")
+    File.write("#{@app_dir}/bin/jobs", <<~RUBY)
+      #!#{RbConfig.ruby}
+      File.write(#{jobs_log.inspect}, "start \#{Process.pid}\n", mode: "a")
+      stop = false
+      trap(:TERM) { stop = true }
+      sleep 0.02 until stop
+      File.write(#{jobs_log.inspect}, "term \#{Process.pid}\n", mode: "a")
+    RUBY
+    File.chmod(0o755, "#{@app_dir}/bin/jobs")
+    rails = ChildProcess.new([RbConfig.ruby, "bin/rails", "server", "-e", "production", "-b", "127.0.0.1", "-p", "0"],
+                             log_path: "#{@app_dir}/rails-handler.log", chdir: @app_dir,
+                             env: { var => "blackbuck", "WEB_CONCURRENCY" => "2", "PIDFILE" => pidfile,
+                                    "RAILS_MAX_THREADS" => "2", "SOLID_QUEUE_IN_PUMA" => "true" })
+    (@rails ||= []) << rails
+    wait_for(60) do
+      flunk("rails server exited:\n#{rails.log}") if rails.exited?
+      rails.log.scan(/worker \d+ \(pid \d+\) ready/).size >= 2
+    end
+    assert_match(/=> Booting Blackbuck/, rails.log)
+    assert_match(/2 workers \(\$WEB_CONCURRENCY\) x 2 app threads \(\$RAILS_MAX_THREADS\)/, rails.log)
+    port = Integer(rails.log[%r{listening on http://127\.0\.0\.1:(\d+)}, 1])
+    check_app("127.0.0.1", port)
+    assert_equal rails.pid, Integer(File.read(pidfile)), "PIDFILE names the server's master"
+    jobs = wait_for(30, "bin/jobs started") { File.exist?(jobs_log) && File.read(jobs_log)[/\Astart (\d+)/, 1] }
+    Process.kill(:TERM, rails.pid)
+    assert rails.wait_exit(30)&.success?, rails.log
+    refute File.exist?(pidfile), "the pid file goes with the server"
+    assert_equal "start #{jobs}\nterm #{jobs}\n", File.read(jobs_log), "bin/jobs was stopped with the server"
+  end
+
+  # `bin/rails restart` touches tmp/restart.txt; the blackbuck command, run in a Rails app (which
+  # has a tmp/ directory), watches it and restarts with the new code as HUP does.
+  def test_bin_rails_restart_restarts_the_blackbuck_command
+    FileUtils.mkdir_p("#{@app_dir}/tmp")
+    server = start_server(["-E", "production", "-l", "127.0.0.1:0"], app: "#{@app_dir}/config.ru", workers: 2,
+                                                                     dir: @app_dir)
+    old = server.worker_pids
+    _out, err, status = Open3.capture3(RbConfig.ruby, "bin/rails", "restart", chdir: @app_dir)
+    assert status.success?, err
+    assert_logged(server, %r{tmp/restart\.txt changed: restarting as HUP does}, 30)
+    wait_for(90, "the new workers serve") { (server.worker_pids - old).size >= 2 }
+    wait_for(30, "old workers gone") { server.log.scan(/old worker \(pid \d+\) exited/).size == 2 }
+    check_app("127.0.0.1", server.tcp_port)
   end
 
   def test_behind_nginx_with_upstream_keepalive

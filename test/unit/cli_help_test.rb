@@ -14,6 +14,8 @@ class CLIHelpTest < Minitest::Test
   DERIVED = {
     "port" => "$PORT or #{Config::DEFAULT_PORT}",
     "workers" => "$WEB_CONCURRENCY or the CPU count",
+    "threads" => "$RAILS_MAX_THREADS, else #{Config::DEFAULTS.fetch(:threads)}",
+    "pid" => "$PIDFILE",
     "timeout" => Config::REQUEST_TIMEOUT.to_s, # "; off in development" follows
     "config" => "#{Config::DEFAULT_FILE} when present",
     "env" => "$RACK_ENV, else $RAILS_ENV, else #{Config::DEFAULT_ENVIRONMENT}"

@@ -57,6 +57,53 @@ class ConfigTest < Minitest::Test
     assert_equal Etc.nprocessors, c[:workers]
   end
 
+  # What Rails' generated config/puma.rb and Kamal read from the environment, read the same way: the
+  # file and the command line win; a blank variable is unset; a bad one names the variable.
+  def test_rails_environment_variables
+    c = config.finalize!({ "WEB_CONCURRENCY" => "auto", "RAILS_MAX_THREADS" => "3", "PIDFILE" => "/run/app.pid" })
+    assert_equal Blackbuck::Config.cpus, c[:workers]
+    assert_equal "$WEB_CONCURRENCY=auto", c.origin(:workers)
+    assert_equal [3, "$RAILS_MAX_THREADS"], [c[:threads], c.origin(:threads)]
+    assert_equal "/run/app.pid", c[:pid]
+    c = config.set(:threads, 2).set(:workers, 5).set(:pid, "/x.pid")
+              .finalize!({ "WEB_CONCURRENCY" => "auto", "RAILS_MAX_THREADS" => "3", "PIDFILE" => "/run/app.pid" })
+    assert_equal [5, 2, "/x.pid", nil], [c[:workers], c[:threads], c[:pid], c.origin(:threads)]
+    c = config.finalize!({ "WEB_CONCURRENCY" => " ", "RAILS_MAX_THREADS" => "", "PORT" => "" })
+    assert_equal [Blackbuck::Config.cpus, 1, 9292], [c[:workers], c[:threads], c[:port]]
+    {
+      { "WEB_CONCURRENCY" => "many" } => "$WEB_CONCURRENCY must be an integer 1..4096 or auto, got \"many\"",
+      { "WEB_CONCURRENCY" => "0" } => "$WEB_CONCURRENCY must be an integer 1..4096 or auto, got \"0\"",
+      { "RAILS_MAX_THREADS" => "lots" } => "$RAILS_MAX_THREADS must be an integer 1..256, got \"lots\"",
+      { "PORT" => "http" } => "$PORT must be an integer 0..65535, got \"http\""
+    }.each do |env, message|
+      err = assert_raises(Blackbuck::ConfigError) { config.finalize!(env) }
+      assert_equal message, err.message
+    end
+  end
+
+  # As `plugin :solid_queue if ENV["SOLID_QUEUE_IN_PUMA"]`: any value turns it on; the setting wins.
+  def test_solid_queue_from_the_environment
+    assert_equal false, config.finalize!({})[:solid_queue]
+    c = config.finalize!({ "SOLID_QUEUE_IN_PUMA" => "1" })
+    assert_equal [true, "$SOLID_QUEUE_IN_PUMA"], [c[:solid_queue], c.origin(:solid_queue)]
+    assert_equal true, config.finalize!({ "SOLID_QUEUE_IN_PUMA" => "false" })[:solid_queue]
+    assert_equal false, config.set(:solid_queue, false).finalize!({ "SOLID_QUEUE_IN_PUMA" => "1" })[:solid_queue]
+    assert_equal true, config.set(:solid_queue, "true").finalize!({})[:solid_queue]
+  end
+
+  def test_restart_file_defaults_to_a_rails_apps_tmp_restart_txt
+    Dir.mktmpdir do |dir|
+      File.write("#{dir}/config.ru", "")
+      assert_equal false, config.set(:rackup, "#{dir}/config.ru").finalize!({})[:restart_file]
+      Dir.mkdir("#{dir}/tmp")
+      assert_equal "#{dir}/tmp/restart.txt", config.set(:rackup, "#{dir}/config.ru").finalize!({})[:restart_file]
+      assert_equal false, config.set(:rackup, "#{dir}/config.ru").set(:restart_file, false).finalize!({})[:restart_file]
+      assert_equal false, config.set(:rackup, "#{dir}/config.ru").set(:restart_file, "off").finalize!({})[:restart_file]
+      assert_equal "#{dir}/deploy/go", config.set(:rackup, "#{dir}/config.ru").set(:restart_file, "deploy/go")
+                                             .finalize!({})[:restart_file]
+    end
+  end
+
   def test_validation_names_the_setting
     {
       [:workers, "0"] => /workers must be an integer 1\.\.4096/,
