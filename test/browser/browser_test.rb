@@ -35,9 +35,9 @@ class BrowserTest < Minitest::Test
   # when SOLID_QUEUE_IN_PUMA is set, as Kamal's config/deploy.yml sets it).
   PRODUCTION_JOBS = GeneratedApp.rails8? ? "solid_queue" : "async"
   # Reforking a Rails 8 app: Solid Cable (its production Action Cable adapter) starts a listener
-  # thread (and a batched broadcaster) in a worker at its first subscription. The worker that forks
-  # the mold has them, the mold's workers inherit the adapter without its threads, and their
-  # subscribers never get a broadcast (what DEPLOY.md's Reforking section warns of: "a thread ...
+  # thread at a worker's first subscription and a writer thread at its first broadcast. The worker
+  # that forks the mold has them, the mold's workers inherit the adapter without its threads, and
+  # their subscribers never get a broadcast (what DEPLOY.md's Reforking section warns of: "a thread ...
   # the same after_fork applies"). This after_fork lets each worker build its own adapter; it is
   # not in DEPLOY.md yet (Action Cable has no public call for it), so the suite adds it.
   SOLID_CABLE_AFTER_FORK = (<<~RUBY if GeneratedApp.rails8?)
