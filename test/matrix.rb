@@ -20,7 +20,8 @@ module TestMatrix
   # task: a rake task the lane runs; env: set for that task only.
   Step = Struct.new(:task, :env)
 
-  # version: "MAJOR.MINOR"; bundles: [gemfile, BUNDLE_PATH or nil] that bin/setup installs with this Ruby.
+  # version: "MAJOR.MINOR"; bundles: [gemfile, BUNDLE_PATH or nil, :clean or nil] that bin/setup
+  # installs with this Ruby.
   Lane = Struct.new(:version, :role, :steps, :bundles) do
     def env_name = "BLACKBUCK_RUBY_#{version.tr('.', '_')}"
     def tasks = steps.map(&:task)
@@ -47,7 +48,10 @@ module TestMatrix
              [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:slow"), step("test:hardening"), step("test:faults"),
               step("test:rack2"), step("test:rails"), step("test:browser"), step("test:cluster"), step("test:poll"),
               step("test:threads", MN), step("c:test"), step("loadgen:test"), step("fuzz:quick")],
-             [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails7.gemfile", nil], ["gemfiles/rails8.gemfile", nil]]),
+             [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails7.gemfile", nil], ["gemfiles/rails8.gemfile", nil],
+              # `bundle clean` after: the generated app resolves `bundle install --local` from this
+              # directory, so only what the lockfile names may be there (another version would be its choice)
+              ["gemfiles/browser8.gemfile", ENV.fetch("BLACKBUCK_BROWSER8_GEMS") { File.join(CACHE, "browser8-gems") }, :clean]]),
     Lane.new("4.0", "unit, integration, faults, threads (M:N)",
              [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:faults"),
               step("test:threads", MN)],
@@ -140,11 +144,15 @@ module TestMatrix
       next missing << "#{lane.version}: #{why}" unless bin
 
       out.puts "bin/setup: Ruby #{lane.version} (#{bin}): #{lane.bundles.map(&:first).join(', ')}"
-      lane.bundles.each do |gemfile, path|
+      lane.bundles.each do |gemfile, path, clean|
         env = lane_env(bin).merge("BUNDLE_GEMFILE" => gemfile(gemfile, version: lane.version))
         env["BUNDLE_PATH"] = path if path
         system(env, File.join(bin, "bundle"), "install", "--quiet", chdir: ROOT, unsetenv_others: true) ||
           abort("bin/setup: bundle install of #{gemfile} with Ruby #{lane.version} failed")
+        next unless clean
+
+        system(env, File.join(bin, "bundle"), "clean", chdir: ROOT, out: File::NULL, unsetenv_others: true) ||
+          abort("bin/setup: bundle clean of #{gemfile} with Ruby #{lane.version} failed")
       end
       log = File.join(ROOT, "tmp", "compile-#{lane.version}.log")
       FileUtils.mkdir_p(File.dirname(log))

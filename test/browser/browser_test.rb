@@ -10,13 +10,15 @@ require_relative "generated_app"
 require_relative "app_server"
 require_relative "proxies"
 
-# A real app in a real browser: a Rails 7.2 app generated at test time (GeneratedApp) served by
+# A real app in a real browser: a Rails app generated at test time (GeneratedApp: Rails 7.2 on
+# Ruby 3.1, Rails 8.1 on Ruby >= 3.2, whichever gemfile `rake test:browser` chose) served by
 # Blackbuck and driven by headless Chromium (Chromium) directly over TCP, through nginx over the
 # UNIX socket and through HAProxy, each set up with the examples of README.md and docs/DEPLOY.md
 # as written (DocSnippets: only addresses, ports and paths substituted), in development with
 # `rails server -u blackbuck`, across a HUP that changes the listeners and the socket's mode, and
-# through two reforks with DEPLOY.md's Memory config behind nginx and behind HAProxy.
-# `rake test:browser` runs it under gemfiles/browser.gemfile (installed by bin/setup).
+# through two reforks with DEPLOY.md's Memory config behind nginx and behind HAProxy. Rails 8 also
+# as its generated Dockerfile runs it: Thruster in front of `bin/rails server`, RACKUP_HANDLER=blackbuck.
+# `rake test:browser` runs it under gemfiles/browser.gemfile or browser8.gemfile (installed by bin/setup).
 class BrowserTest < Minitest::Test
   LOAD_BOUND = 2.0 # seconds: a production page with its asset tags, from navigation start to the end of `load`
   CABLE_TIMEOUT = 30 # seconds: a bound for an Action Cable (re)connection that went wrong
@@ -27,6 +29,21 @@ class BrowserTest < Minitest::Test
   HAPROXY_SECTION = /HAProxy in front/
   STATUS_SECTION = /Status and metrics/
   REFORK_BOUND = 120 # seconds: a bound for two reforks driven by the browsing below that went wrong
+  JOB_TIMEOUT = 30 # seconds: a bound for a job enqueued from the page that went wrong (Solid Queue polls every 1 s)
+  # The adapter that runs a job the page enqueues in production: as generated, async in Rails 7.2
+  # (in the web worker), Solid Queue in Rails 8 (bin/jobs, which Blackbuck's master runs as a child
+  # when SOLID_QUEUE_IN_PUMA is set, as Kamal's config/deploy.yml sets it).
+  PRODUCTION_JOBS = GeneratedApp.rails8? ? "solid_queue" : "async"
+  # Reforking a Rails 8 app: Solid Cable (its production Action Cable adapter) starts a listener
+  # thread at a worker's first subscription and a writer thread at its first broadcast. The worker
+  # that forks the mold has them, the mold's workers inherit the adapter without its threads, and
+  # their subscribers never get a broadcast (what DEPLOY.md's Reforking section warns of: "a thread ...
+  # the same after_fork applies"). This after_fork lets each worker build its own adapter; it is
+  # not in DEPLOY.md yet (Action Cable has no public call for it), so the suite adds it.
+  SOLID_CABLE_AFTER_FORK = (<<~RUBY if GeneratedApp.rails8?)
+    # Solid Cable's threads do not survive a refork: a new adapter in each worker
+    after_fork { |_server, _index| ActionCable.server.instance_variable_set(:@pubsub, nil) }
+  RUBY
 
   # The app is generated once per run (about 20 s), in a directory nginx's www-data may traverse.
   # A generation that failed fails every test with its error, without trying again.
@@ -108,8 +125,41 @@ class BrowserTest < Minitest::Test
     cmd = DOCS.command("README.md", section: RAILS_SECTION, pattern: /\Abin\/rails server -u blackbuck\s*(#|\z)/)
     server = start_app(cmd, args: ["-p", port.to_s], env: { "RAILS_ENV" => "development" })
     assert_includes server.listening, "http://127.0.0.1:#{port}"
-    # localhost, not 127.0.0.1: development's Action Cable accepts only Origins on localhost
-    check_in_browser("http://localhost:#{port}", load_within: nil)
+    # localhost, not 127.0.0.1: development's Action Cable accepts only Origins on localhost.
+    # Jobs: development's adapter is Active Job's default, async (neither app's development.rb sets one).
+    # The load is bounded for Rails 8 (Propshaft serves the assets as they are: 0.3 s measured);
+    # Rails 7.2's Sprockets compiles them at a development server's first request.
+    check_in_browser("http://localhost:#{port}", load_within: GeneratedApp.rails8? ? LOAD_BOUND : nil, jobs: "async")
+  end
+
+  if GeneratedApp.rails8?
+    # The generated Dockerfile's ENTRYPOINT and CMD (bin/docker-entrypoint runs db:prepare, then
+    # `./bin/thrust ./bin/rails server`) in the image's environment (its ENV lines but the image's
+    # paths) and Kamal's (config/deploy.yml's env: SOLID_QUEUE_IN_PUMA and RAILS_MASTER_KEY), with
+    # RACKUP_HANDLER=blackbuck the only change, and the ports: Thruster's HTTP_PORT (80 in the
+    # image) and TARGET_PORT (3000), which it gives `rails server` as PORT, are free ports here.
+    # Both bind every address, as in a container; the browser talks to 127.0.0.1 only.
+    # WEB_CONCURRENCY: deploy.yml's commented-out `WEB_CONCURRENCY: 2`.
+    def test_as_the_generated_dockerfile_runs_it_thruster_and_rails_server
+      dockerfile = File.read(@app.path("Dockerfile"))
+      entrypoint = JSON.parse(dockerfile[/^ENTRYPOINT (\[.*\])$/, 1])
+      cmd = JSON.parse(dockerfile[/^CMD (\[.*\])$/, 1])
+      assert_equal [["/rails/bin/docker-entrypoint"], ["./bin/thrust", "./bin/rails", "server"]], [entrypoint, cmd]
+      image_env = dockerfile[/^ENV (.*?[^\\])$/m, 1].scan(/(\w+)="([^"]*)"/).to_h
+      image_env = image_env.except("BUNDLE_PATH", "BUNDLE_DEPLOYMENT", "LD_PRELOAD") # the image's paths (gems, jemalloc)
+      assert_equal({ "RAILS_ENV" => "production", "BUNDLE_WITHOUT" => "development" }, image_env)
+      assert_equal({ "SOLID_QUEUE_IN_PUMA" => "true" }, @app.kamal_clear_env)
+
+      http_port = free_port
+      target_port = free_port
+      env = { **image_env, **@app.production_env, "RACKUP_HANDLER" => "blackbuck", "WEB_CONCURRENCY" => WORKERS.to_s,
+              "HTTP_PORT" => http_port.to_s, "TARGET_PORT" => target_port.to_s }
+      server = AppServer.new(@app, [@app.path("bin/docker-entrypoint"), *cmd], env: env, workers: WORKERS, name: "server-#{name}")
+      @stoppable << server
+      assert_includes server.listening, "http://0.0.0.0:#{target_port}", "rails server ran Blackbuck on Thruster's TARGET_PORT"
+      ProxyPort.wait(http_port, server.process, "thruster")
+      check_in_browser("http://127.0.0.1:#{http_port}")
+    end
   end
 
   # HUP re-reads config/blackbuck.rb: a TCP listener is added next to the socket and the socket's
@@ -186,14 +236,15 @@ class BrowserTest < Minitest::Test
   private
 
   # config/blackbuck.rb: DEPLOY.md's "Memory" examples, the warm-up's (with this app's paths and
-  # model for the doc's /posts and Menu) and the reforking one, as written; after `before` if given.
+  # model for the doc's /posts and Menu) and the reforking one, as written; after `before` if given;
+  # for Rails 8, SOLID_CABLE_AFTER_FORK.
   def write_memory_config(before = nil)
     warmup = DOCS.block("docs/DEPLOY.md", section: /Warm-up before fork/, lang: "ruby", containing: "warmup")
                  .sub('warmup "/", "/posts", "/posts.json"', 'warmup "/demo", "/notes", "/notes.json"')
                  .sub("Menu.build", "Note.count")
     refork = DOCS.block("docs/DEPLOY.md", section: /Reforking/, lang: "ruby", containing: "refork_after")
     assert_match(/^refork_after 50, 100, 1000\b/, refork.text, "the counts this test drives the server through")
-    File.write(@app.path("config/blackbuck.rb"), [before, warmup, refork].compact.join("\n"))
+    File.write(@app.path("config/blackbuck.rb"), [before, warmup, refork, SOLID_CABLE_AFTER_FORK].compact.join("\n"))
   end
 
   # The status listener's flag of DEPLOY.md's "Status and metrics" command, on port.
@@ -286,7 +337,7 @@ class BrowserTest < Minitest::Test
   def require_prerequisites
     {
       "Chromium (apt-get install chromium)" => Chromium.path,
-      "the suite's gem directory (BUNDLE_PATH; bin/setup installs gemfiles/browser.gemfile, rake test:browser names it)" => GeneratedApp.gems_installed?,
+      "the suite's gem directory (BUNDLE_PATH; bin/setup installs gemfiles/browser.gemfile or browser8.gemfile, rake test:browser names it)" => GeneratedApp.gems_installed?,
       "nginx (apt-get install nginx-light)" => NginxSite.available?,
       "HAProxy (apt-get install haproxy)" => HAProxyProcess.available?,
       "root (nginx's `user www-data;`, a socket given to group www-data)" => Process.uid.zero?
@@ -340,9 +391,10 @@ class BrowserTest < Minitest::Test
   def free_port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
 
   # Everything a visitor does, on base ("http://HOST:PORT"): the page and its assets (within
-  # load_within seconds when given), a broadcast over Action Cable, a send_file download, and the
-  # scaffold's form, which Turbo submits (with the CSRF token) and whose redirect it follows.
-  def check_in_browser(base, load_within: LOAD_BOUND)
+  # load_within seconds when given), a broadcast over Action Cable, a send_file download, a job the
+  # page enqueues (run by the adapter `jobs`), the scaffold's form, which Turbo submits (with the
+  # CSRF token) and whose redirect it follows; and /up, Rails' health check.
+  def check_in_browser(base, load_within: LOAD_BOUND, jobs: PRODUCTION_JOBS)
     seconds = @browser.visit("#{base}/demo")
     assert_empty @browser.failed_requests, "every request of #{base}/demo is answered"
     assert_operator seconds, :<, load_within, "#{base}/demo loaded in #{seconds.round(2)} s" if load_within
@@ -357,7 +409,20 @@ class BrowserTest < Minitest::Test
                  "send_file arrived whole"
     FileUtils.rm_f(path)
 
+    run_job_from_the_page(jobs)
     submit_note_with_turbo(base)
+    assert_equal "200", Net::HTTP.get_response(URI("#{base}/up")).code, "GET /up"
+  end
+
+  # The page's button posts (Turbo, with the CSRF token) to DemoController#job, which enqueues
+  # StampJob and redirects back; the job leaves tmp/jobs/TOKEN naming its adapter.
+  def run_job_from_the_page(adapter)
+    token = @browser.text("#job-token").strip
+    @browser.turbo_click("#job")
+    assert_equal token, @browser.text("#enqueued").strip, "Turbo followed the redirect after the job was enqueued"
+    file = @app.path("tmp/jobs/#{token}")
+    @browser.wait_for("job #{token} to run (#{adapter})", JOB_TIMEOUT) { File.exist?(file) }
+    assert_equal adapter, File.read(file).split.last, "the adapter that ran the job"
   end
 
   # From the page at hand: the Notes index, "New note", the form filled in and submitted. Turbo

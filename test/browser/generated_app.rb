@@ -2,22 +2,33 @@
 
 require "securerandom"
 require "digest"
+require "yaml"
 
-# A Rails app made at test time the way a user makes one: `rails new` with its defaults (importmap,
-# Turbo, Stimulus, Action Cable, Sprockets, SQLite), bundled (--local) from the suite's own gem
-# directory (bin/setup installs gemfiles/browser.gemfile there), then only a scaffold, a channel and
-# a page with a download (fixtures/) added, and readied for production as a deploy does (database
-# migrated, assets precompiled). Nothing generated is kept in git.
+# A Rails app made at test time the way a user makes one: `rails new` with its defaults, bundled
+# (--local) from the suite's own gem directory (bin/setup installs gemfiles/browser.gemfile there
+# for Ruby 3.1, gemfiles/browser8.gemfile for Ruby >= 3.2), then only a scaffold, a channel, a job
+# and a page with a download and a job button (fixtures/) added, and readied for production as a
+# deploy does (database prepared, assets precompiled). Nothing generated is kept in git.
+# The Rails version is the suite's (the gemfile rake test:browser chose):
+# - Rails 7.2: importmap, Turbo, Stimulus, Sprockets, SQLite; Action Cable's production adapter is
+#   Redis and force_ssl is on, so two edits (#configure_production); jobs on the async adapter.
+# - Rails 8: importmap, Turbo, Stimulus, Propshaft, Solid Cache, Solid Queue and Solid Cable on
+#   SQLite, Thruster, Kamal's files; production runs as generated (force_ssl is commented out,
+#   cable.yml uses Solid Cable), with the master key a Kamal deploy passes in RAILS_MASTER_KEY.
 class GeneratedApp
   # The suite's gem directory: rake test:browser runs the suite with BUNDLE_PATH set to it.
   GEM_DIR = ENV.fetch("BUNDLE_PATH", nil)
+  RAILS = Gem.loaded_specs["railties"]&.version || Gem::Version.new("0") # the suite's bundle's
+  TEMPLATE = File.join(__dir__, "rails_new_template.rb")
   FIXTURES = File.join(__dir__, "fixtures")
   DOWNLOAD_BYTES = 8 * 1024 * 1024
   STEP_TIMEOUT = 300 # seconds: a bound for one generator or bundler run that went wrong
 
   def self.gems_installed? = GEM_DIR && Dir.exist?(GEM_DIR)
 
-  attr_reader :dir, :download_sha256, :secret_key_base
+  attr_reader :dir, :download_sha256
+
+  def self.rails8? = RAILS >= Gem::Version.new("8")
 
   def initialize(parent)
     @dir = File.join(parent, "app")
@@ -26,23 +37,32 @@ class GeneratedApp
 
   # Builds the app; returns self.
   def generate
-    run(RbConfig.ruby, Gem.bin_path("railties", "rails"), "new", @dir, "--skip-bundle", "--skip-git", chdir: File.dirname(@dir))
-    bundle
-    # what `rails new` runs after bundling (Rails::Generators::AppBase#run_javascript, #run_hotwire)
-    rails("importmap:install", "turbo:install", "stimulus:install")
+    GeneratedApp.rails8? ? new_rails8 : new_rails7
     rails("generate", "scaffold", "Note", "title:string", "body:text")
     rails("generate", "channel", "Ping")
+    rails("generate", "job", "Stamp")
     add_fixtures
-    configure_production
     rails("db:prepare")
+    # What a deploy does before the server starts (Rails 8's Dockerfile precompiles the assets, its
+    # bin/docker-entrypoint runs db:prepare; the Dockerfile test runs that entrypoint again).
     rails("db:prepare", "assets:precompile", env: production_env)
     self
   end
 
-  # RAILS_ENV=production and what production needs from its environment (Rails 7.2's database.yml
-  # names no production database: a deploy gives DATABASE_URL).
+  # RAILS_ENV=production and what production needs from its environment. Rails 7.2: a secret and,
+  # since its database.yml names no production database, DATABASE_URL. Rails 8: the master key,
+  # as Kamal's generated .kamal/secrets reads it from config/master.key and config/deploy.yml
+  # passes it (env.secret), and deploy.yml's clear env (SOLID_QUEUE_IN_PUMA: true: the server
+  # runs Solid Queue's bin/jobs).
   def production_env
-    { "RAILS_ENV" => "production", "SECRET_KEY_BASE" => @secret_key_base, "DATABASE_URL" => "sqlite3:storage/production.sqlite3" }
+    return { "RAILS_ENV" => "production", "SECRET_KEY_BASE" => @secret_key_base, "DATABASE_URL" => "sqlite3:storage/production.sqlite3" } unless GeneratedApp.rails8?
+
+    { "RAILS_ENV" => "production", "RAILS_MASTER_KEY" => File.read(path("config/master.key")).strip, **kamal_clear_env }
+  end
+
+  # config/deploy.yml's `env: clear:` (Rails 8), as strings.
+  def kamal_clear_env
+    YAML.safe_load_file(path("config/deploy.yml")).dig("env", "clear").to_h { |k, v| [k, v.to_s] }
   end
 
   # Starts cmd in the app's directory, outside the suite's bundle (the app has its own).
@@ -53,6 +73,25 @@ class GeneratedApp
   def path(relative) = File.join(@dir, relative)
 
   private
+
+  # Rails 7.2: `rails new --skip-bundle`, then the steps it skipped: bundle (#bundle) and what it
+  # runs after bundling (Rails::Generators::AppBase#run_javascript, #run_hotwire).
+  def new_rails7
+    run(RbConfig.ruby, Gem.bin_path("railties", "rails"), "new", @dir, "--skip-bundle", "--skip-git", chdir: File.dirname(@dir))
+    bundle
+    rails("importmap:install", "turbo:install", "stimulus:install")
+    configure_production
+  end
+
+  # Rails 8: `rails new` runs every step itself (bundle, importmap, Hotwire, Kamal, Solid), in the
+  # suite's bundle, its bundler pointed at the suite's gem directory by rails_new_template.rb.
+  def new_rails8
+    run(RbConfig.ruby, Gem.bin_path("railties", "rails"), "new", @dir, "-m", TEMPLATE, "--skip-git",
+        env: { "BLACKBUCK_ROOT" => ROOT, "BLACKBUCK_APP_GEMS" => GEM_DIR }, chdir: File.dirname(@dir), in_bundle: :suite)
+    run("bundle", "binstubs", "blackbuck")
+  end
+
+  def log_path = File.join(File.dirname(@dir), "generate.log")
 
   # As README says: the app's Gemfile names blackbuck (this checkout), then `bundle install` and
   # `bundle binstubs blackbuck`. --local: from the suite's gem directory only, no network.
@@ -76,14 +115,15 @@ class GeneratedApp
       FileUtils.cp(src, path(rel))
     end
     edit("config/routes.rb", /^Rails\.application\.routes\.draw do\n/) do |m|
-      %(#{m}  get "demo" => "demo#show"\n  get "download" => "demo#download"\n)
+      %(#{m}  get "demo" => "demo#show"\n  get "download" => "demo#download"\n  post "demo/job" => "demo#job"\n)
     end
     data = Random.new(22).bytes(DOWNLOAD_BYTES)
     File.binwrite(path("storage/download.bin"), data)
     @download_sha256 = Digest::SHA256.hexdigest(data)
   end
 
-  # Two edits a user without TLS and without Redis makes to run the default app in production.
+  # Two edits a user without TLS and without Redis makes to run the default Rails 7.2 app in
+  # production (Rails 8 needs neither).
   def configure_production
     edit("config/environments/production.rb", /^  config\.force_ssl = true$/) do
       "  # The suite's nginx and HAProxy speak plain HTTP (no certificate): no redirect to https.\n  config.force_ssl = false"
@@ -102,13 +142,14 @@ class GeneratedApp
 
   def rails(*args, env: {}) = run("bin/rails", *args, env: env)
 
-  # Runs cmd to completion (bounded), raising with its output when it fails.
-  def run(*cmd, env: {}, chdir: @dir)
-    log = File.join(File.dirname(@dir), "generate.log")
-    File.write(log, "$ #{cmd.join(' ')}\n", mode: "a")
-    pid = unbundled { Process.spawn(own_bundle.merge(env), *cmd, chdir: chdir, out: [log, "a"], err: %i[child out], pgroup: true) }
+  # Runs cmd to completion (bounded), raising with its output when it fails. In the app's own
+  # bundle, or with in_bundle: :suite in the suite's (the environment rake test:browser gave it).
+  def run(*cmd, env: {}, chdir: @dir, in_bundle: :app)
+    File.write(log_path, "$ #{cmd.join(' ')}\n", mode: "a")
+    opts = { chdir: chdir, out: [log_path, "a"], err: %i[child out], pgroup: true }
+    pid = in_bundle == :suite ? Process.spawn(env, *cmd, **opts) : unbundled { Process.spawn(own_bundle.merge(env), *cmd, **opts) }
     status = wait(pid)
-    raise "#{cmd.join(' ')} failed (#{status.inspect}):\n#{File.read(log).lines.last(40).join}" unless status&.success?
+    raise "#{cmd.join(' ')} failed (#{status.inspect}):\n#{File.read(log_path).lines.last(40).join}" unless status&.success?
   end
 
   def wait(pid)
