@@ -115,6 +115,10 @@ module Blackbuck
 
       master = Process.pid
       fork do
+        # The master's traps came with the fork and would write to its self-pipe, closed below (a HUP
+        # sent while this forked raised IOError here: seen on Ruby 4.0): the master's signals are the
+        # master's; TERM is this process's own.
+        @signals.names.each { |sig| trap(sig, "IGNORE") }
         trap(:TERM) { status.stop_accepting } # the new image serves the listener: finish, then exit
         @signals.close_in_child
         @listeners.each { |l| l.io.close unless l.io.closed? }

@@ -22,6 +22,8 @@ module Blackbuck
     def push(sig)
       @queue << sig
       @wake_w.write_nonblock(".", exception: false)
+    rescue IOError # a child forked from the master has closed the pipe (close_in_child), and a signal
+      nil          # the master had received but not yet handled ran its trap in the child
     end
 
     def shift = @queue.shift
