@@ -56,9 +56,11 @@ class TestMatrixTest < Minitest::Test
     _, err = capture_io { assert TestMatrix.run(out: out, env: env), "outside CI: the other lanes decide" }
     assert_match(/LANE 4\.0 NOT RUN: BLACKBUCK_RUBY_4_0=.* is not a Ruby 4\.0 \(no ruby there\)/, err)
     assert_match(/0 lanes passed, 0 failed, 1 not run/, out.string)
+    assert_equal "lanes: 0 passed, 0 failed, 1 skipped\n", out.string.lines.last
     out = StringIO.new
     capture_io { refute TestMatrix.run(out: out, env: env.merge("CI" => "true")) }
     assert_match(/1 not run \(CI=true: a lane not run fails the run\)/, out.string)
+    assert_equal "lanes: 0 passed, 1 failed\n", out.string.lines.last
   end
 
   def test_unknown_lanes_are_refused
