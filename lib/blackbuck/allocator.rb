@@ -24,7 +24,6 @@ module Blackbuck
     ].freeze
     REEXEC_ENV = "BLACKBUCK_JEMALLOC_REEXEC" # set on the re-exec: a process that has it never execs again
     THREADED_ARENAS = 2 # glibc arenas with threads > 1 and no malloc_arena_max (measured: DEPLOY.md)
-    YJIT_DEFAULT_MIB = 256 # Ruby 3.1's --yjit-exec-mem-size default, for when /proc cannot say
 
     # maps: the process's /proc maps file (tests pass a fake); paths: where to look for the library.
     def initialize(env: ENV, maps: "/proc/self/maps", paths: JEMALLOC_PATHS, ldconfig: -> { Allocator.ldconfig })

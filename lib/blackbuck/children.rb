@@ -79,12 +79,15 @@ module Blackbuck
       told
     end
 
-    # Any process of the master's (a worker, the status stand-in); one already gone is no error.
-    def signal(sig, pid)
+    # Any process of the master's (a worker, the status stand-in, the job runner); one already gone
+    # is no error.
+    def self.signal(sig, pid)
       Process.kill(sig, pid)
     rescue Errno::ESRCH
       nil
     end
+
+    def signal(sig, pid) = Children.signal(sig, pid)
 
     def signal_all(sig) = pids.each { |pid| signal(sig, pid) }
 

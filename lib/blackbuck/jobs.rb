@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "children"
+
 module Blackbuck
   # The app's job runner as a child of the master (the solid_queue setting, or $SOLID_QUEUE_IN_PUMA
   # as Kamal's generated deploy.yml sets it): what Solid Queue's Puma plugin does for Puma. The
@@ -80,7 +82,7 @@ module Blackbuck
       return unless @pid
 
       @logger.info("job runner (pid #{@pid}): TERM (#{why}); waiting up to #{@graceful}s for its jobs")
-      signal(:TERM, @pid)
+      Children.signal(:TERM, @pid)
       @stopping[@pid] = now + @graceful
       @pid = nil
     end
@@ -95,7 +97,7 @@ module Blackbuck
     def kill_all
       pids.each do |pid|
         @logger.warn("job runner (pid #{pid}) still running; killing it")
-        signal(:KILL, pid)
+        Children.signal(:KILL, pid)
       end
     end
 
@@ -123,7 +125,7 @@ module Blackbuck
         next if now < deadline
 
         @logger.warn("job runner (pid #{pid}) still running after graceful_timeout; killing it")
-        signal(:KILL, pid)
+        Children.signal(:KILL, pid)
         @stopping[pid] = Float::INFINITY
       end
     end
@@ -137,12 +139,6 @@ module Blackbuck
         pid, left = pair.split(":")
         @stopping[Integer(pid)] = now + Float(left)
       end
-    end
-
-    def signal(sig, pid)
-      Process.kill(sig, pid)
-    rescue Errno::ESRCH
-      nil
     end
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)

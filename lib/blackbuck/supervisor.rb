@@ -300,7 +300,7 @@ module Blackbuck
       @children.signal_all(Worker::STOP_ACCEPTING_SIGNAL)
       stops = 1
       deadline = now + @config[:graceful_timeout] + 1
-      until @children.all_gone? && (@jobs.nil? || @jobs.gone?)
+      until all_gone?
         case (sig = @signals.shift)
         when nil
           reap
@@ -336,6 +336,9 @@ module Blackbuck
       @exit_status
     end
 
+    # No worker, and no job runner, is left.
+    def all_gone? = @children.all_gone? && (@jobs.nil? || @jobs.gone?)
+
     def kill_workers(why)
       @jobs&.kill_all
       @children.pids.each do |pid|
@@ -343,7 +346,7 @@ module Blackbuck
         @children.signal(:KILL, pid)
       end
       wait_until = now + 5 # SIGKILL cannot be caught: they are gone within moments
-      until (@children.all_gone? && (@jobs.nil? || @jobs.gone?)) || now > wait_until
+      until all_gone? || now > wait_until
         reap
         sleep 0.01
       end

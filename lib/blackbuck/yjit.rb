@@ -123,8 +123,8 @@ module Blackbuck
 
       stats = RubyVM::YJIT.runtime_stats || {}
       code = stats.values_at(:inline_code_size, :outlined_code_size).compact.sum
-      unless lazy_region?
-        mib = code_mib
+      unless stats.key?(:code_region_size) # Ruby 3.1: the whole region is mapped (#code_mib)
+        mib = code_mib(lazy: false)
         return "YJIT: on, code region #{mib ? "#{mib} MiB" : 'of unknown size'}, #{code / 1024} KiB of it used at boot " \
                "(--yjit-exec-mem-size; see docs/DEPLOY.md, Memory)"
       end
