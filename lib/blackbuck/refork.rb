@@ -77,6 +77,7 @@ module Blackbuck
       @arrived = {}       # pid => Children::Child the mold forked, until the master's children take it
       @replacing = false  # the promoted worker forks a mold in place of one that died (same generation)
       @replace_failures = 0 # such workers that exited without a mold, in a row (REPLACE_ATTEMPTS)
+      @none_to_fork = false # since the mold was lost, a turn found no serving worker to fork the next
       # Workers announce themselves here when they become the mold (one end each way: every worker
       # may be chosen, so every worker inherits the line).
       @inbox, @line = Socket.pair(:UNIX, :SEQPACKET) if @on
@@ -166,8 +167,11 @@ module Blackbuck
     def asked?(index) = @asks.key?(index)
 
     # Whether the master may start a mold that boots the app now: none is booting, none is there, no
-    # worker is forking one, and the last failed boot is BOOT_RETRY_SECONDS old.
-    def boot_due? = @on && @booting.nil? && @mold.nil? && @promoting.nil? && @boot_failure.nil? && now >= @boot_after
+    # worker is forking one or can (#replace_mold), and the last failed boot is BOOT_RETRY_SECONDS old.
+    def boot_due?
+      @on && @booting.nil? && @mold.nil? && @promoting.nil? && (@none_to_fork || !replace_possible?) &&
+        @boot_failure.nil? && now >= @boot_after
+    end
 
     # Whether the master holds no app and the mold's workers run the code it serves (they forked from
     # a mold that booted it): a mold that dies is replaced by one a worker forks (#replace_mold).
@@ -253,7 +257,7 @@ module Blackbuck
     def replace_mold(children)
       serving = children.select { |c| children.started?(c) && @scoreboard.read(c.index)[1] != Native::Scoreboard::STOPPING }
       chosen = serving.find { |c| c.generation == @generation } || serving.first
-      return unless chosen
+      return @none_to_fork = true unless chosen
 
       @logger.info("refork: worker #{chosen.index} (pid #{chosen.pid}) forks a mold in place of the one that is gone " \
                    "(generation #{@generation} stays)")
@@ -430,6 +434,7 @@ module Blackbuck
       @asks.each_value { |ask| ask.control.close unless ask.control.closed? }
       @asks.clear
       @mold = nil
+      @none_to_fork = false
     end
   end
 end

@@ -88,7 +88,12 @@ module Blackbuck
 
     # The mold runs the code that serves: it goes only once the new code has passed its check (a HUP
     # whose code does not boot changes nothing), or when HUP replaces the workers without new code.
-    def stop_mold(why) = @refork&.on? && @refork.stop_mold(why)
+    def stop_mold(why)
+      return unless @refork&.on?
+
+      @refork.listen(@children) # the workers it has forked are the children handed on
+      @refork.stop_mold(why)
+    end
 
     # The re-exec itself. From here the master's signals are ignored until the new image has
     # trapped them, milliseconds into its start (Reexec.ignore_signals); those already queued go

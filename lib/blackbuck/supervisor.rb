@@ -297,6 +297,7 @@ module Blackbuck
     def shutdown
       @listeners.each(&:close)
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
+      @refork.listen(@children) # the workers the mold has forked stop with the others
       @refork.stop_mold("the server stops")
       @jobs&.stop("the server stops")
       @children.tell_all

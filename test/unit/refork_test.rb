@@ -282,6 +282,8 @@ class ReforkDecisionsTest < Minitest::Test
     booted.turn(@kids, 1)
     booted.reaped(400, exited_with(1)) # the mold died once the app had booted
     assert_match(/mold \(pid 400, generation 0\) exited with status 1; workers fork from a new mold a worker forks/, @log.lines.last)
+    refute booted.boot_due?, "not before a turn has looked for a worker to fork it"
+    booted.turn(@kids, 1)
     assert booted.boot_due?, "no worker serves to fork it"
     booted.booting(401)
     booted.reaped(401, exited_with(1), "cannot load config.ru: LoadError")
