@@ -131,9 +131,9 @@ module Blackbuck
       promotion_ended if @promoting && children[@promoting.pid].nil?
       @retiring = nil if @retiring && children[@retiring].nil?
       @leaving = nil if @leaving && children[@leaving].nil?
-      return if @promoting || @retiring || @leaving
-      return replace_mold(children) if replace_mold?
-      return if quiet || !children.all_started?(wanted)
+      return if @promoting
+      return replace_mold(children) if replace_mold? # (a retirement under way waits: no worker is forked meanwhile)
+      return if quiet || @retiring || @leaving || !children.all_started?(wanted)
 
       if (old = children.find { |c| c.generation < @generation })
         retire(children, old)

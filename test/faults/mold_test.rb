@@ -21,18 +21,20 @@ class MoldFaultTest < FaultTest
   def start(workers: 2)
     dir = Dir.mktmpdir("bb-test")
     File.write("#{dir}/app.ru", app("v1"))
-    File.write("#{dir}/bb.rb", "refork_after 10\nmax_requests_per_child 200\nmin_requests_per_child 100\n")
+    File.write("#{dir}/bb.rb", "refork_after 10\nmax_requests_per_child 4000\nmin_requests_per_child 2000\n")
     start_server(["-c", "#{dir}/bb.rb", "-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock",
                   "--stats-listen", "unix:#{dir}/status.sock"], app: "#{dir}/app.ru", workers: workers, dir: dir)
   end
 
   def status(server) = status_json(stats_path(server))
 
-  # The mold of generation 1 is there (the load drives the refork; the list is then exhausted).
+  # The mold of generation 1 is there (the load drives the refork; the list is then exhausted), and
+  # both workers serve (neither is starting, nor stopping to recycle).
   def wait_for_mold(server)
     wait_for(60, "the mold of generation 1") do
       s = status(server)
-      s if s.dig("refork", "generation") == 1 && s.dig("refork", "mold")
+      s if s.dig("refork", "generation") == 1 && s.dig("refork", "mold") && s["workers"].size == 2 &&
+           s["workers"].all? { |w| %w[idle busy].include?(w["state"]) }
     end
   end
 
