@@ -378,6 +378,7 @@ module Blackbuck
       @booting = nil
       @adopted = true
       @boot_failures = 0
+      @replace_failures = 0
       @logger.info("refork: mold of generation #{@generation} is pid #{pid} (it booted the app)")
     end
 
