@@ -99,7 +99,8 @@ module Blackbuck
 
     # Every worker that has exited, without waiting: one of the previous image's is logged and
     # forgotten; one of this image's is forgotten (its pipe closed) and yielded with its
-    # Process::Status. Any other child (a mold, Refork) goes to others with its status.
+    # Process::Status. Any other child (a mold, Refork) goes to others with its status; others may
+    # return a Child: a worker this list did not hold yet (Refork#reaped), yielded as the others.
     def reap(others: nil)
       loop do
         pid, status = Process.wait2(-1, Process::WNOHANG)
@@ -110,8 +111,8 @@ module Blackbuck
           old.close unless old.nil? || old.closed?
           @logger.info("old worker (pid #{pid}) exited")
         end
-        child = @workers.delete(pid)
-        next others&.call(pid, status) unless child
+        child = @workers.delete(pid) || others&.call(pid, status)
+        next unless child.is_a?(Child)
 
         child.control.close unless child.control.closed?
         yield child, status

@@ -133,7 +133,11 @@ module Blackbuck
           @socket.close
           @spawner.serve(index, control) # never returns
         end
-        @socket.sendmsg("spawned #{index} #{pid}", 0)
+        begin
+          @socket.sendmsg("spawned #{index} #{pid}", 0)
+        rescue IOError, SystemCallError
+          nil # the master is done with this mold (it stops, or gave up on it): the worker sees its pipe close
+        end
         exit!(0)
       end
       Process.wait(middle)

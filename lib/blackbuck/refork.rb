@@ -22,21 +22,34 @@ module Blackbuck
   # that no worker shares. A master given a loaded app (a rack handler's: `rackup`, `rails server`)
   # forks generation 0 itself, as without reforking.
   #
+  # The master never waits for the mold: it asks for a worker (#ask) and goes on with its loop; the
+  # answer is read when the mold's socket is readable (#readers, #listen), and the worker joins the
+  # master's children then.
+  #
   # The mold is never a point of failure: if it dies, or does not answer a fork within
   # FORK_SECONDS, the master forgets it (killing it if it lives) and forks from itself, or, when it
-  # does not hold the app, boots a new mold (BOOT_RETRY_SECONDS apart while boots fail); the next
-  # refork makes a warmer one. A first mold that cannot boot the app ends the server, as a
-  # config.ru that raises does. An app that says it is no longer fork-safe
-  # (Blackbuck.no_longer_fork_safe!) is never reforked: the worker told to become the mold refuses,
-  # and reforking turns off (the mold that booted the app stays the one workers fork from).
+  # does not hold the app, has a serving worker fork a new mold (as a refork does, in the same
+  # generation): the new mold runs the code the workers run, never code on disk that no check has
+  # passed (a deploy may have replaced the files; only a HUP loads them, once they boot). Only when
+  # no worker can (none serves, or the app is not fork-safe, or the one told failed) does a new mold
+  # boot the app from disk (BOOT_RETRY_SECONDS apart while boots fail). A first mold that cannot
+  # boot the app ends the server, as a config.ru that raises does. An app that says it is no longer
+  # fork-safe (Blackbuck.no_longer_fork_safe!) is never reforked: the worker told to become the mold
+  # refuses, and reforking turns off (the mold that booted the app stays the one workers fork from).
   class Refork
-    FORK_SECONDS = 5 # seconds the master waits for the mold to fork a worker, then forks it itself
+    FORK_SECONDS = 5 # seconds the mold may take to answer a fork; then it is killed and replaced
     BOOT_RETRY_SECONDS = [1, 2, 5, 10, 30].freeze # after a mold that booted the app failed once it served
+    REPLACE_ATTEMPTS = 3 # workers in a row told to fork a mold in place of one that died and exiting
+                         # without (one was already stopping), after which a mold boots the app from disk
     MESSAGE_MAX = Mold::MESSAGE_MAX
 
     # What the master knows of the mold: its pid, the socket it listens on, its generation (the
     # workers it forks belong to it), and its USS when status asks.
     MoldProcess = Struct.new(:pid, :socket, :generation, :booted)
+
+    # A fork asked of the mold and not answered yet: the write end of the worker's control pipe,
+    # and when the master stops waiting.
+    Ask = Struct.new(:control, :deadline)
 
     attr_reader :generation, :mold
 
@@ -60,6 +73,11 @@ module Blackbuck
       @boot_after = 0     # monotonic time before which no new boot is tried
       @adopted = false    # a mold that booted the app has announced itself once: the app boots
       @lean = false       # the master does not hold the app (a mold boots it)
+      @asks = {}          # slot index => Ask, sent to the mold, until it answers or FORK_SECONDS pass
+      @arrived = {}       # pid => Children::Child the mold forked, until the master's children take it
+      @replacing = false  # the promoted worker forks a mold in place of one that died (same generation)
+      @replace_failures = 0 # such workers that exited without a mold, in a row (REPLACE_ATTEMPTS)
+      @none_to_fork = false # since the mold was lost, a turn found no serving worker to fork the next
       # Workers announce themselves here when they become the mold (one end each way: every worker
       # may be chosen, so every worker inherits the line).
       @inbox, @line = Socket.pair(:UNIX, :SEQPACKET) if @on
@@ -74,28 +92,48 @@ module Blackbuck
     # The announcement line's sending end, for the workers (Worker#promote, Mold#run); nil when off.
     attr_reader :line
 
-    # The master's sockets to watch: announcements, and the mold's answers are awaited in #spawn.
-    def readers = @on ? [@inbox] : []
+    # The master's sockets to watch: announcements, and the mold's socket while a fork is asked.
+    def readers
+      return [] unless @on
+
+      @mold && !@asks.empty? ? [@inbox, @mold.socket] : [@inbox]
+    end
 
     # In a process the master forks: the master's ends are not its own.
     def close_in_child
       @inbox&.close unless @inbox.nil? || @inbox.closed?
       @mold&.socket&.close unless @mold.nil? || @mold.socket.closed?
+      (@asks.values.map(&:control) + @arrived.values.map(&:control)).each { |io| io.close unless io.closed? }
     end
 
-    # One turn of the master's loop: announcements read, then at most one step: a retirement of a
-    # previous generation's worker, or a promotion. wanted: the worker count; quiet: no step now (a
-    # HUP's handover, a stop).
-    def turn(children, wanted, quiet: false)
+    # What the master hears, never waiting: announcements, the mold's answers (each worker it forked
+    # joins children), and a mold that did not answer within FORK_SECONDS (killed). Each turn of the
+    # loop, and while a HUP's boot check runs.
+    def listen(children)
       return unless @on
 
       read_inbox(children)
+      read_answers
+      expire_asks
+      @arrived.each_value { |child| children.add(child) }
+      @arrived.clear
+    end
+
+    # One turn of the master's loop: #listen, then at most one step: a promotion in place of a mold
+    # that died, a retirement of a previous generation's worker, or a promotion. wanted: the worker
+    # count; quiet: no refork step now (a HUP's handover, a stop).
+    def turn(children, wanted, quiet: false)
+      return unless @on
+
+      listen(children)
       return unless @promoting_on # (a worker just said the app is not fork-safe)
 
-      @promoting = nil if @promoting && children[@promoting.pid].nil?
+      promotion_ended if @promoting && children[@promoting.pid].nil?
       @retiring = nil if @retiring && children[@retiring].nil?
       @leaving = nil if @leaving && children[@leaving].nil?
-      return if quiet || @promoting || @retiring || @leaving || !children.all_started?(wanted)
+      return if @promoting
+      return replace_mold(children) if replace_mold? # (a retirement under way waits: no worker is forked meanwhile)
+      return if quiet || @retiring || @leaving || !children.all_started?(wanted)
 
       if (old = children.find { |c| c.generation < @generation })
         retire(children, old)
@@ -104,24 +142,40 @@ module Blackbuck
       end
     end
 
-    # A worker for slot index, forked by the mold: its Children::Child, or nil when there is no mold
-    # or it failed (then the master forks it itself).
-    def spawn(index)
-      return unless @mold
+    # Asks the mold for the worker of slot index (with its control pipe); the worker joins the
+    # master's children when the answer comes (#listen). False when there is no mold (then the
+    # master forks it itself, or a mold is made).
+    def ask(index)
+      return false unless @mold
+      return true if @asks.key?(index)
 
       control_r, control_w = IO.pipe
-      pid = ask_mold(index, control_r)
-      control_r.close
-      unless pid
+      begin
+        @mold.socket.sendmsg_nonblock("fork #{index}", 0, nil, Socket::AncillaryData.unix_rights(control_r))
+      rescue IOError, SystemCallError => e # (EAGAIN too: a mold whose socket is that full is stuck)
         control_w.close
-        return
+        mold_failed(index, e.message)
+        return false
+      ensure
+        control_r.close
       end
-      Children::Child.new(index, pid, control_w, now, false, @mold.generation, :mold)
+      @asks[index] = Ask.new(control_w, now + FORK_SECONDS)
+      true
     end
 
-    # Whether the master may start a mold that boots the app now: none is booting, none is there,
-    # and the last failed boot is BOOT_RETRY_SECONDS old.
-    def boot_due? = @on && @booting.nil? && @mold.nil? && @boot_failure.nil? && now >= @boot_after
+    # Whether the mold was asked for slot index and has not answered yet.
+    def asked?(index) = @asks.key?(index)
+
+    # Whether the master may start a mold that boots the app now: none is booting, none is there, no
+    # worker is forking one or can (#replace_mold), and the last failed boot is BOOT_RETRY_SECONDS old.
+    def boot_due?
+      @on && @booting.nil? && @mold.nil? && @promoting.nil? && (@none_to_fork || !replace_possible?) &&
+        @boot_failure.nil? && now >= @boot_after
+    end
+
+    # Whether the master holds no app and the mold's workers run the code it serves (they forked from
+    # a mold that booted it): a mold that dies is replaced by one a worker forks (#replace_mold).
+    def lean? = @lean
 
     # The master forked pid to boot the app and become the mold (Spawner#boot_mold).
     def booting(pid)
@@ -137,18 +191,24 @@ module Blackbuck
       why
     end
 
-    # A child of the master's that is not a worker has exited: the mold, a previous one, or another
-    # child (a HUP's boot check, whose exit is said elsewhere). why: what it said before it died.
+    # A child of the master's that is not a worker has exited: the mold, a previous one, a worker the
+    # mold forked whose answer was not read yet (returned, a Children::Child: the master treats its
+    # exit as any worker's), or another child (a HUP's boot check, whose exit is said elsewhere).
+    # why: what it said before it died.
     def reaped(pid, status, why = nil)
       how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
       if @booting == pid
         boot_failed(pid, how, why)
       elsif @mold&.pid == pid
         @logger.warn("mold (pid #{pid}, generation #{@mold.generation}) #{how}; workers fork from " \
-                     "#{@lean ? 'a new mold that boots the app' : 'the master'} until the next refork")
+                     "#{successor} until the next refork")
         forget_mold
       elsif @stopped_molds.delete(pid)
         @logger.info("previous mold (pid #{pid}) #{how}")
+      else
+        # (the mold's middle process says the pid before it exits, so the answer is there to read)
+        read_answers unless @asks.empty?
+        @arrived.delete(pid)
       end
     end
 
@@ -176,6 +236,46 @@ module Blackbuck
     private
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+    # Where workers come from once the mold is gone, for the log.
+    def successor
+      return "the master" unless @lean
+      return "a new mold that boots the app" unless replace_possible?
+
+      "a new mold a worker forks (the code they run, not what is on disk)"
+    end
+
+    # A new mold can be forked by a worker, in place of the mold that died: the master holds no app,
+    # the app booted in this image, and no worker has refused or failed to.
+    def replace_possible? = @lean && @adopted && @promoting_on && @replace_failures < REPLACE_ATTEMPTS
+
+    def replace_mold? = @mold.nil? && @booting.nil? && replace_possible?
+
+    # The mold is gone: a serving worker (of the current generation if one serves; not one that is
+    # stopping) forks the next, which keeps the generation. None serving: a mold boots the app when
+    # one is needed (#boot_due?).
+    def replace_mold(children)
+      serving = children.select { |c| children.started?(c) && @scoreboard.read(c.index)[1] != Native::Scoreboard::STOPPING }
+      chosen = serving.find { |c| c.generation == @generation } || serving.first
+      return @none_to_fork = true unless chosen
+
+      @logger.info("refork: worker #{chosen.index} (pid #{chosen.pid}) forks a mold in place of the one that is gone " \
+                   "(generation #{@generation} stays)")
+      @promoting = chosen
+      @replacing = true
+      children.tell_stop(chosen, Worker::PROMOTE_MESSAGE)
+    end
+
+    # The worker told to fork the mold has exited without it announcing itself.
+    def promotion_ended
+      if @replacing && @mold.nil?
+        @replace_failures += 1
+        @logger.warn("refork: worker #{@promoting.index} (pid #{@promoting.pid}) exited without forking a mold; " \
+                     "#{replace_possible? ? 'another is told' : 'a new mold boots the app'}")
+      end
+      @promoting = nil
+      @replacing = false
+    end
 
     def stop_booting(why)
       @logger.info("mold (pid #{@booting}) booting the app stopping: #{why}")
@@ -250,6 +350,7 @@ module Blackbuck
           @logger.warn("refork: worker #{children[pid.to_i]&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
           @promoting_on = false
           @promoting = nil
+          @replacing = false
         end
       end
     end
@@ -259,12 +360,16 @@ module Blackbuck
       return adopt_booted(pid, socket) if pid == @booting
 
       stop_mold("generation #{@generation + 1} has a mold") if @mold
-      @generation += 1
+      replaced = @replacing && @mold.nil?
+      @generation += 1 unless replaced
       @mold = MoldProcess.new(pid, socket, @generation, false)
       @promoting = nil
+      @replacing = false
+      @replace_failures = 0
       @leaving = from if from && children[from] # until it is reaped
       @logger.info("refork: mold of generation #{@generation} is pid #{pid}" \
-                   "#{" (forked by worker #{index}, pid #{from}, which exits)" if from}")
+                   "#{" (forked by worker #{index}, pid #{from}, which exits)" if from}" \
+                   "#{'; it replaces the mold that is gone' if replaced}")
     end
 
     # The mold that booted the app: the generation stays (its workers are the generation's first).
@@ -273,44 +378,64 @@ module Blackbuck
       @booting = nil
       @adopted = true
       @boot_failures = 0
+      @replace_failures = 0
       @logger.info("refork: mold of generation #{@generation} is pid #{pid} (it booted the app)")
     end
 
-    # Sends "fork INDEX" with the worker's control pipe and waits for "spawned INDEX PID". A mold that
-    # is gone, fails or does not answer in FORK_SECONDS is forgotten (killed if it lives).
-    def ask_mold(index, control)
-      socket = @mold.socket
-      socket.sendmsg("fork #{index}", 0, nil, Socket::AncillaryData.unix_rights(control))
-      deadline = now + FORK_SECONDS
-      while (left = deadline - now).positive?
-        next unless socket.wait_readable(left)
+    # The mold's answers, without waiting: "spawned INDEX PID" (the worker joins the children at the
+    # next #listen), "failed INDEX WHY", or its socket closed: a mold that fails is killed.
+    def read_answers
+      return if @mold.nil? || @asks.empty?
 
-        msg, = socket.recvmsg_nonblock(MESSAGE_MAX, exception: false)
-        next if msg == :wait_readable
+      loop do
+        msg, = @mold.socket.recvmsg_nonblock(MESSAGE_MAX, exception: false)
+        return if msg == :wait_readable
 
         verb, at, rest = msg.to_s.split(" ", 3)
-        return Integer(rest) if verb == "spawned" && at.to_i == index
-        raise IOError, (verb == "failed" ? rest : "the mold closed its socket") if msg.nil? || msg.empty? || verb == "failed"
+        index = Integer(at, exception: false)
+        return mold_failed(@asks.keys.first, "the mold closed its socket") if msg.nil? || msg.empty?
+        return mold_failed(index, rest) if verb == "failed"
+        next unless verb == "spawned" && (ask = @asks.delete(index)) # (no such ask: nothing to do)
+
+        pid = Integer(rest)
+        @arrived[pid] = Children::Child.new(index, pid, ask.control, now, false, @mold.generation, :mold)
       end
-      raise IOError, "no answer in #{FORK_SECONDS}s"
     rescue IOError, SystemCallError, ArgumentError => e
-      @logger.warn("refork: the mold (pid #{@mold.pid}) could not fork worker #{index} (#{e.message}); " \
-                   "#{@lean ? 'a new mold boots the app' : 'forking it from the master'}")
+      mold_failed(@asks.keys.first, e.message)
+    end
+
+    # A fork asked FORK_SECONDS ago and not answered: the mold is stuck (stopped, or in a hook that
+    # hangs).
+    def expire_asks
+      late, = @asks.find { |_, ask| now >= ask.deadline }
+      mold_failed(late, "no answer in #{FORK_SECONDS}s") if late
+    end
+
+    # The mold could not fork the worker of slot index: it is killed and forgotten, with every fork
+    # still asked of it (the loop asks again: the master forks, or a new mold is made).
+    def mold_failed(index, why)
+      @logger.warn("refork: the mold (pid #{@mold.pid}) could not fork worker #{index} (#{why}); " \
+                   "#{@lean ? 'a new mold takes its place' : 'forking it from the master'}")
       kill_mold
-      nil
     end
 
     def kill_mold
       Process.kill(:KILL, @mold.pid)
+      @stopped_molds << @mold.pid
     rescue Errno::ESRCH
       nil
     ensure
       forget_mold
     end
 
+    # The forks still asked of it are dropped: their control pipes close (a worker it forked whose
+    # answer never came sees its master gone, and stops).
     def forget_mold
       @mold.socket.close unless @mold.socket.closed?
+      @asks.each_value { |ask| ask.control.close unless ask.control.closed? }
+      @asks.clear
       @mold = nil
+      @none_to_fork = false
     end
   end
 end

@@ -12,9 +12,12 @@ module Blackbuck
     # server: what before_exec gets (the Supervisor); signals: the master's SignalQueue (what is
     # queued goes with the re-exec; its traps come back if the exec fails).
     # jobs: the app's job runner (Jobs) or nil; restart_file: the RestartFile or nil (both hand
-    # something to the new image).
-    def initialize(server:, config:, logger:, notify:, children:, listeners:, signals:, jobs: nil, restart_file: nil)
+    # something to the new image); refork: the master's Refork or nil (its mold stays until the new
+    # code has passed its check).
+    def initialize(server:, config:, logger:, notify:, children:, listeners:, signals:, jobs: nil, restart_file: nil,
+                   refork: nil)
       @jobs = jobs
+      @refork = refork
       @restart_file = restart_file
       @server = server
       @config = config
@@ -37,6 +40,7 @@ module Blackbuck
     def hup(status, &wait)
       unless Reexec.available?
         @logger.info("HUP: replacing every worker (started without the blackbuck command: no code reload)")
+        stop_mold("HUP: the workers fork from the master")
         @children.tell_all
         @jobs&.stop("HUP")
         @jobs&.resume # bin/jobs loads the app afresh: the new code's
@@ -61,6 +65,7 @@ module Blackbuck
         return
       end
       @logger.info("HUP: re-executing the master (pid #{Process.pid}) with the new code")
+      stop_mold("HUP: the new code boots; its workers fork from #{@refork&.lean? ? 'a mold that boots it' : 'the master'}")
       @config[:before_exec]&.call(@server)
       re_exec(status)
     end
@@ -80,6 +85,15 @@ module Blackbuck
     end
 
     private
+
+    # The mold runs the code that serves: it goes only once the new code has passed its check (a HUP
+    # whose code does not boot changes nothing), or when HUP replaces the workers without new code.
+    def stop_mold(why)
+      return unless @refork&.on?
+
+      @refork.listen(@children) # the workers it has forked are the children handed on
+      @refork.stop_mold(why)
+    end
 
     # The re-exec itself. From here the master's signals are ignored until the new image has
     # trapped them, milliseconds into its start (Reexec.ignore_signals); those already queued go

@@ -51,7 +51,8 @@ module Blackbuck
       @jobs = (Jobs.new(config, logger) if config[:solid_queue])
       @restart_file = (RestartFile.new(config[:restart_file]) if config[:restart_file])
       @reload = Reload.new(server: self, config: config, logger: logger, notify: notify, children: @children,
-                           listeners: listeners, signals: @signals, jobs: @jobs, restart_file: @restart_file)
+                           listeners: listeners, signals: @signals, jobs: @jobs, restart_file: @restart_file,
+                           refork: @refork)
       @notify = notify       # SystemdNotify under a Type=notify unit, else nil
       @announced = false     # READY=1 said for the current set of workers
       @drain_until = nil     # shutdown_delay: when TERM's delay is over
@@ -145,8 +146,7 @@ module Blackbuck
           @stopping = true
         end
       when :HUP
-        @refork.stop_mold("HUP: the new code's workers fork from #{@loader ? 'a mold that boots it' : 'the master'}")
-        reload
+        reload # (the mold stays until the new code has passed its check: Reload#hup)
       when :TTIN
         @wanted += 1 if @wanted < @scoreboard.size
         @logger.info("TTIN: workers = #{@wanted}")
@@ -221,17 +221,17 @@ module Blackbuck
       status&.serve(readable || [], writable || [])
     end
 
+    # A slot the mold was asked to fill waits for its answer (Refork#listen), never here.
     def spawn_missing
       @respawn.note_ready(@children)
       taken = @children.map(&:index)
       (0...@wanted).each do |i|
-        next if taken.include?(i)
+        next if taken.include?(i) || @refork.asked?(i)
         return if @respawn.wait?
+        next if @refork.ask(i)
+        return boot_mold if @loader
 
-        child = @refork.spawn(i) || (@spawner.spawn(i) { close_in_worker } unless @loader)
-        return boot_mold unless child
-
-        @children.add(child)
+        @children.add(@spawner.spawn(i) { close_in_worker })
       end
     end
 
@@ -261,10 +261,15 @@ module Blackbuck
     # Every worker that has exited: its numbers kept, its exit logged (and, for one that could not
     # boot, maybe the end of the master: Respawn), its hook called.
     def reap
-      others = ->(pid, status) { @jobs&.reaped(pid, status) || @refork.reaped(pid, status, @spawner.crash_reason(pid)) }
+      reasons = {} # pid => why, of a child the refork says only then was a worker (Refork#reaped)
+      others = lambda do |pid, status|
+        next if @jobs&.reaped(pid, status)
+
+        @refork.reaped(pid, status, reasons[pid] = @spawner.crash_reason(pid))
+      end
       @children.reap(others: others) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
-        why = @spawner.crash_reason(child.pid)
+        why = reasons.delete(child.pid) || @spawner.crash_reason(child.pid)
         if @respawn.exited(child, status, started: @children.started?(child), stopping: @stopping,
                                           handing_over: @children.handing_over?, why: why)
           @exit_status = 1
@@ -274,11 +279,12 @@ module Blackbuck
       end
     end
 
-    # HUP (Reload): the loop keeps its watchdog fed and its status listener answered while the
-    # new code boots.
+    # HUP (Reload): the loop keeps its watchdog fed, its status listener answered and the mold heard
+    # (Refork#listen) while the new code boots.
     def reload
       @reload.hup(@status) do |wait|
         announce_watchdog
+        @refork.listen(@children)
         sleep_until_woken(wait)
       end
     end
@@ -291,6 +297,7 @@ module Blackbuck
     def shutdown
       @listeners.each(&:close)
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
+      @refork.listen(@children) # the workers the mold has forked stop with the others
       @refork.stop_mold("the server stops")
       @jobs&.stop("the server stops")
       @children.tell_all

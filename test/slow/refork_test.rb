@@ -93,13 +93,17 @@ class ReforkTest < ServerTest
     idle&.each(&:close)
   end
 
-  # The master holds no app to fork from: a new mold boots it, and forks the replacement.
-  def test_a_new_mold_boots_the_app_when_the_mold_dies
+  # The master holds no app to fork from: a serving worker forks a new mold (the code the workers
+  # run; the files on disk may be a deploy's, unchecked), in the same generation, and it forks the
+  # replacement.
+  def test_a_worker_forks_a_new_mold_when_the_mold_dies
     server = start_reforking([10], workers: 2)
     s = drive_to_generation(server, 1)
     mold = s.dig("refork", "mold", "pid")
     Process.kill(:KILL, mold)
-    assert_logged(server, /mold \(pid #{mold}, generation 1\) killed by SIGKILL; workers fork from a new mold that boots the app/)
+    assert_logged(server, /mold \(pid #{mold}, generation 1\) killed by SIGKILL; workers fork from a new mold a worker forks/)
+    assert_logged(server, /refork: mold of generation 1 is pid \d+ \(forked by worker \d, pid \d+, which exits\); it replaces the mold that is gone/)
+    s = wait_for_generation(server, 1)
     victim = s["workers"].first["pid"]
     Process.kill(:KILL, victim)
     s = wait_for(30, "a replacement") do
@@ -110,11 +114,13 @@ class ReforkTest < ServerTest
     assert_equal %w[mold mold], s["workers"].map { |w| w["forked_by"] }
     new_mold = s.dig("refork", "mold")
     refute_equal mold, new_mold["pid"]
-    assert_equal true, new_mold["booted_app"], "the new mold booted the app: #{new_mold}"
+    assert_equal [false, 1], new_mold.values_at("booted_app", "generation"), "a worker forked the new mold: #{new_mold}"
+    refute_match(/booting the app/, server.log.split(/killed by SIGKILL/, 2).last)
     assert_serves(server)
   end
 
-  # A mold that does not answer (stopped) is given FORK_SECONDS, then killed; a new one boots.
+  # A mold that does not answer (stopped) is given FORK_SECONDS, then killed (the master's loop goes
+  # on meanwhile: faults/mold_test.rb); a new one takes its place.
   def test_a_mold_that_does_not_answer_is_replaced
     server = start_reforking([10], workers: 2)
     s = drive_to_generation(server, 1)
@@ -122,10 +128,10 @@ class ReforkTest < ServerTest
     Process.kill(:STOP, mold)
     victim = s["workers"].first["pid"]
     Process.kill(:KILL, victim)
-    assert_logged(server, /the mold \(pid #{mold}\) could not fork worker \d \(no answer in \d+s\); a new mold boots the app/, 30)
+    assert_logged(server, /the mold \(pid #{mold}\) could not fork worker \d \(no answer in \d+s\); a new mold takes its place/, 30)
     s = wait_for(30, "a replacement forked by a new mold") do
       st = status(server)
-      st if st.dig("refork", "mold", "booted_app") && st["workers"].size == 2 &&
+      st if st.dig("refork", "mold") && st.dig("refork", "mold", "pid") != mold && st["workers"].size == 2 &&
             st["workers"].none? { |w| w["pid"] == victim } && st["workers"].all? { |w| w["state"] != "starting" }
     end
     refute_equal mold, s.dig("refork", "mold", "pid")

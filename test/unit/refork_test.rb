@@ -135,7 +135,7 @@ class ReforkDecisionsTest < Minitest::Test
   end
 
   def test_without_a_mold_the_master_forks
-    assert_nil @refork.spawn(0)
+    refute @refork.ask(0)
   end
 
   def test_a_mold_that_closed_its_socket_is_forgotten_and_the_master_forks
@@ -144,9 +144,101 @@ class ReforkDecisionsTest < Minitest::Test
     announce_mold(999_999_999) # no such process: the kill finds none
     @refork.turn(@kids, 1)
     @mold_end.close
-    assert_nil @refork.spawn(0)
+    refute @refork.ask(0)
     assert_nil @refork.mold
     assert_match(/could not fork worker 0 \((the mold closed its socket|Broken pipe.*)\); forking it from the master/, @log.lines.last)
+  end
+
+  # The master asks and goes on; the answer, read when the mold's socket is readable, adds the worker.
+  def test_the_mold_is_asked_and_its_answer_read_later
+    mold = adopt_mold_of_generation_one
+    assert @refork.ask(1)
+    assert @refork.asked?(1)
+    assert_includes @refork.readers, mold.socket, "the master's loop wakes when the answer comes"
+    msg, _, _, control = @mold_end.recvmsg(64, 0, nil, scm_rights: true)
+    assert_equal "fork 1", msg
+    control.unix_rights.first.close
+    @refork.listen(@kids)
+    assert_nil @kids[4242], "no answer yet: nothing waited for"
+    @mold_end.sendmsg("spawned 1 4242", 0)
+    @refork.listen(@kids)
+    assert_equal [1, 1, :mold], @kids[4242].to_h.values_at(:index, :generation, :origin)
+    refute @refork.asked?(1)
+    refute_includes @refork.readers, mold.socket
+  ensure
+    @mold_end&.close
+  end
+
+  # A worker that exits before the master read its answer is the master's worker all the same.
+  def test_a_worker_reaped_before_its_answer_was_read_is_a_worker
+    adopt_mold_of_generation_one
+    @refork.ask(1)
+    @mold_end.sendmsg("spawned 1 4243", 0)
+    child = @refork.reaped(4243, exited_with(1))
+    assert_equal [1, 4243], [child.index, child.pid]
+    @refork.listen(@kids)
+    assert_nil @kids[4243], "it is gone: not added again"
+  ensure
+    @mold_end&.close
+  end
+
+  # A mold that does not answer in FORK_SECONDS (stopped, hung) is given up on, never waited for.
+  def test_a_mold_that_does_not_answer_in_time_is_killed
+    mold = adopt_mold_of_generation_one(pid: 999_999_999)
+    @refork.ask(1)
+    later = Process.clock_gettime(Process::CLOCK_MONOTONIC) + Blackbuck::Refork::FORK_SECONDS
+    @refork.define_singleton_method(:now) { later }
+    @refork.listen(@kids)
+    assert_nil @refork.mold
+    assert mold.socket.closed?
+    refute @refork.asked?(1)
+    assert_match(/the mold \(pid 999999999\) could not fork worker 1 \(no answer in 5s\); forking it from the master/, @log.lines.last)
+  ensure
+    @mold_end&.close
+  end
+
+  # The master holds no app: a mold that dies is replaced by one a serving worker forks, in the same
+  # generation, not by one that boots whatever code is on disk.
+  def test_a_mold_that_dies_is_replaced_by_one_a_worker_forks
+    @refork.booting(300)
+    announce_mold(300)
+    @refork.turn(@kids, 2)
+    @mold_end.close
+    worker(0, 100)
+    worker(1, 101)
+    @refork.reaped(300, exited_with(1))
+    assert_match(/workers fork from a new mold a worker forks \(the code they run, not what is on disk\)/, @log.lines.last)
+    @refork.turn(@kids, 2, quiet: true)
+    assert_equal Worker::PROMOTE_MESSAGE, told(100)
+    refute @refork.boot_due?, "a worker forks it: no boot"
+    announce_mold(500, [100, 0])
+    @refork.turn(@kids, 2)
+    assert_equal [0, 500], [@refork.generation, @refork.mold.pid]
+    assert_match(/mold of generation 0 is pid 500 \(forked by worker 0, pid 100, which exits\); it replaces the mold that is gone/,
+                 @log.lines.last)
+  ensure
+    @mold_end&.close
+  end
+
+  # A worker told to fork it that exits without (it was already stopping) is followed by another;
+  # after REPLACE_ATTEMPTS, or with no worker serving, a mold boots the app.
+  def test_without_a_worker_to_fork_it_a_mold_boots_the_app
+    @refork.booting(300)
+    announce_mold(300)
+    @refork.turn(@kids, 1)
+    @mold_end.close
+    @refork.reaped(300, exited_with(1))
+    pid = 100
+    Blackbuck::Refork::REPLACE_ATTEMPTS.times do
+      worker(0, pid)
+      @refork.turn(@kids, 1)
+      assert_equal Worker::PROMOTE_MESSAGE, told(pid)
+      reaped(pid)
+      @refork.turn(@kids, 1)
+      pid += 1
+    end
+    assert_match(/exited without forking a mold; a new mold boots the app/, @log.lines.last)
+    assert @refork.boot_due?
   end
 
   def test_a_reaped_mold_is_forgotten
@@ -189,8 +281,10 @@ class ReforkDecisionsTest < Minitest::Test
     theirs.close
     booted.turn(@kids, 1)
     booted.reaped(400, exited_with(1)) # the mold died once the app had booted
-    assert_match(/mold \(pid 400, generation 0\) exited with status 1; workers fork from a new mold that boots the app/, @log.lines.last)
-    assert booted.boot_due?
+    assert_match(/mold \(pid 400, generation 0\) exited with status 1; workers fork from a new mold a worker forks/, @log.lines.last)
+    refute booted.boot_due?, "not before a turn has looked for a worker to fork it"
+    booted.turn(@kids, 1)
+    assert booted.boot_due?, "no worker serves to fork it"
     booted.booting(401)
     booted.reaped(401, exited_with(1), "cannot load config.ru: LoadError")
     assert_nil booted.take_boot_failure, "the app booted before: the server serves on"
@@ -198,6 +292,15 @@ class ReforkDecisionsTest < Minitest::Test
     refute booted.boot_due?, "not at once"
   ensure
     booted&.close_in_child
+  end
+
+  # The mold of generation 1, forked by worker 0 (pid 100); @mold_end is its end of the socket.
+  def adopt_mold_of_generation_one(pid: 500)
+    worker(0, 100, served: 12)
+    @refork.turn(@kids, 1)
+    announce_mold(pid, [100, 0])
+    @refork.turn(@kids, 1)
+    @refork.mold
   end
 
   def exited_with(code)
