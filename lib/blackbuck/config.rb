@@ -3,6 +3,7 @@
 require "etc"
 require_relative "errors"
 require_relative "cpu_quota"
+require_relative "listeners"
 
 module Blackbuck
   # Every setting of the server: defaults in one hash, each directive validated by a tiny
@@ -143,7 +144,9 @@ module Blackbuck
         @values[:listen] = []
         Array(value).each { |a| set(:listen_one, a) }
       when :listen_one then @values[:listen] << listen_entry(value)
-      when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
+      when :host, :rackup, :pid, :log, :config_file then @values[key] = string(key, value)
+      when :environment then @values[key] = string(key, value.is_a?(Symbol) ? value.to_s : value) # -E, or :production
+      when :stats_listen then @values[key] = value.nil? ? nil : address(key, value.is_a?(Integer) ? value.to_s : value)
       when :port then @values[key] = int(key, value, 0, 65_535)
       when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints,
            :gc_before_fork
@@ -280,8 +283,15 @@ module Blackbuck
 
     # An address String (no PROXY protocol) or a Listen -> a frozen Listen.
     def listen_entry(value)
-      address, proxy = value.is_a?(Listen) ? [value.address, value.proxy_protocol] : [value, false]
-      Listen.new(string(:listen, address), bool(:proxy_protocol, proxy)).freeze
+      addr, proxy = value.is_a?(Listen) ? [value.address, value.proxy_protocol] : [value, false]
+      Listen.new(address(:listen, addr), bool(:proxy_protocol, proxy)).freeze
+    end
+
+    # An address as Listeners.parse reads it, checked here (so --check, which a HUP runs before it
+    # re-execs, refuses one that the boot would refuse), kept as given.
+    def address(key, value)
+      Listeners.parse(string(key, value), setting: key.to_s)
+      value
     end
 
     def string(key, value)
@@ -401,7 +411,18 @@ module Blackbuck
         @config.set(:warmup, block) if block
       end
 
-      (DEFAULTS.keys - %i[listen config_file refork_after warmup] - HOOKS).each do |key|
+      # threads 5, or Puma's `threads MIN, MAX` with both the same (Rails' config/puma.rb writes
+      # `threads threads_count, threads_count`): each worker runs a fixed number of app threads.
+      def threads(count, max = count)
+        unless max.to_s == count.to_s
+          raise ConfigError, "threads takes one count (each worker runs a fixed number of app threads; Puma's " \
+                             "MIN, MAX grows from MIN to MAX), got threads #{count.inspect}, #{max.inspect}: give threads #{max.inspect}"
+        end
+
+        @config.set(:threads, count)
+      end
+
+      (DEFAULTS.keys - %i[listen config_file refork_after warmup threads] - HOOKS).each do |key|
         define_method(key) { |value| @config.set(key, value) }
       end
 
