@@ -180,10 +180,13 @@ module Blackbuck
 
     # Values derived once the sources are merged. The environment's variables fill only what the
     # config file and the command line left unset (as Rails' generated config/puma.rb reads them);
-    # a blank one counts as unset (as Puma).
-    def finalize!(env = ENV)
+    # a blank one counts as unset (as Puma). one_in_development: the worker count's default is 1 in
+    # development (a framework's development server: `rails server`, rackup), not one per CPU.
+    def finalize!(env = ENV, one_in_development: false)
+      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || DEFAULT_ENVIRONMENT
       @values[:port] ||= from_env(env, :port, "PORT") { |v| int(:port, v, 0, 65_535) } || DEFAULT_PORT
-      @values[:workers] ||= from_env(env, :workers, "WEB_CONCURRENCY") { |v| workers_from_env(v) } || Config.cpus
+      @values[:workers] ||= from_env(env, :workers, "WEB_CONCURRENCY") { |v| workers_from_env(v) } ||
+                            development_workers(one_in_development) || Config.cpus
       unless @given[:threads]
         @values[:threads] = from_env(env, :threads, "RAILS_MAX_THREADS") { |v| int(:threads, v, 1, MAX_THREADS) } ||
                             @values[:threads]
@@ -196,7 +199,6 @@ module Blackbuck
       end
       file = @values[:restart_file]
       @values[:restart_file] = file.nil? ? default_restart_file : file && File.expand_path(file, app_dir)
-      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || DEFAULT_ENVIRONMENT
       # No request timeout in development unless one is set (as Puma): a developer at a `debugger`
       # prompt must not have the worker replaced under them.
       @values[:timeout] ||= @values[:environment] == "development" ? 0 : REQUEST_TIMEOUT
@@ -224,6 +226,16 @@ module Blackbuck
       value
     rescue ConfigError => e
       raise ConfigError, e.message.sub(/\A#{key} /, "$#{var} ")
+    end
+
+    # One worker in development under a framework's development server, as Puma runs one process
+    # there: Rails' development Action Cable adapter (async) broadcasts within a process, and a
+    # per-process cache or an in-memory store must be the one every request sees.
+    def development_workers(wanted)
+      return nil unless wanted && @values[:environment] == "development"
+
+      @origins[:workers] = "the default in development"
+      1
     end
 
     # $WEB_CONCURRENCY: a worker count, or "auto" (as Puma 7+): Config.cpus, the CPUs this process

@@ -36,7 +36,7 @@ module Blackbuck
       apply(config, settings, options[:user_supplied_options])
       config.set(:environment, options[:environment].to_s) if options[:environment]
       config.set(:debug, true) if options[:debug]
-      config.finalize!
+      config.finalize!(ENV, one_in_development: true) # one process in development, as Puma
       why = config[:solid_queue] && Jobs.missing(config)
       raise ConfigError, why if why
 
