@@ -203,7 +203,11 @@ module Blackbuck
       # prompt must not have the worker replaced under them.
       @values[:timeout] ||= @values[:environment] == "development" ? 0 : REQUEST_TIMEOUT
       @values[:debug] ||= bool(:BLACKBUCK_DEBUG, env["BLACKBUCK_DEBUG"]) if env["BLACKBUCK_DEBUG"]
-      @values[:listen] = [listen_entry("#{@values[:host]}:#{@values[:port]}")] if @values[:listen].empty?
+      if @values[:listen].empty?
+        host = @values[:host]
+        host = "[#{host}]" if host.include?(":") && !host.start_with?("[") # an IPv6 address: -o ::1, rails server -b ::1
+        @values[:listen] = [listen_entry("#{host}:#{@values[:port]}")]
+      end
       min = @values[:min_requests_per_child]
       max = @values[:max_requests_per_child]
       if min && max.positive? && min > max

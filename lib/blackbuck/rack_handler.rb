@@ -100,7 +100,7 @@ module Blackbuck
         "Port=PORT" => "port to listen on (default #{Config::DEFAULT_PORT})",
         "Path=PATH" => "UNIX socket path (replaces Host/Port)",
         "BackLog=N" => "listen queue length",
-        "MaxWorkers=N" => "worker processes",
+        "MaxWorkers=N" => "worker processes (default $WEB_CONCURRENCY, else 1 in development, else the CPU count)",
         "MaxRequestPerChild=N" => "recycle a worker after N requests (0 = never)",
         "MinRequestPerChild=N" => "lower bound of the random recycle limit",
         "Timeout=SEC" => "request timeout",

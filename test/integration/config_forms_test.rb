@@ -78,6 +78,20 @@ class ConfigFormsTest < ServerTest
     end
   end
 
+  # An IPv6 host without a listen (`-o ::1`, `rails server -b ::1`) is an address, not a parse error.
+  def test_an_ipv6_host_is_bound
+    out, err, status = run_cli("--check", "-w", "1", "-o", "::1", "-p", "0", HELLO)
+    assert_equal [0, ""], [status.exitstatus, err]
+    assert_match(/boots \(1 worker, \[::1\]:0\)/, out)
+    skip "no IPv6 loopback here" unless Socket.ip_address_list.any? { |a| a.ipv6_loopback? }
+    server = start_server(["-o", "::1", "-p", "0"])
+    assert_equal ["http://[::1]:#{server.tcp_port}"], server.addrs
+    io = server.tcp
+    assert_equal 200, request(io, "GET", "/").status
+  ensure
+    io&.close
+  end
+
   # --log FILE that cannot be opened: one line naming the setting and the file, exit 1, no listener left.
   def test_a_log_file_that_cannot_be_opened_is_one_line
     dir = Dir.mktmpdir("bb-test")
