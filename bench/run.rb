@@ -14,6 +14,10 @@ rescue OptionParser::ParseError => e
   warn "bench: #{e.message}"
   exit 2
 end
+if opts[:plan] # the plan and its estimate, as a run prints them first; nothing is started
+  puts BlackbuckBench::Plan.describe(BlackbuckBench::Plan.build(opts), opts)
+  exit 0
+end
 report = BlackbuckBench::Runner.new(opts, command: command).run
 measured = report.rows.count { |r| %w[ok partial].include?(r["status"]) }
 warn "bench: #{measured}/#{report.rows.size} cells measured"

@@ -62,7 +62,7 @@ module Blackbuck
       if @check
         # HUP's boot check runs the warm-up too: new code whose warm-up fails must not be exec'd
         Warmup.new(config, app, Logger.new(@err, debug: @debug)).run if Warmup.wanted?(config)
-        @out.puts "blackbuck: #{config[:rackup]} boots (#{config[:workers]} workers, #{config[:listen].join(' ')})"
+        @out.puts "blackbuck: #{config[:rackup]} boots (#{Logger.count(config[:workers], 'worker')}, #{config[:listen].join(' ')})"
         return 0
       end
       Reexec.command = [RbConfig.ruby, File.expand_path($PROGRAM_NAME), *argv]

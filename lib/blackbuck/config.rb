@@ -3,6 +3,7 @@
 require "etc"
 require_relative "errors"
 require_relative "cpu_quota"
+require_relative "listeners"
 
 module Blackbuck
   # Every setting of the server: defaults in one hash, each directive validated by a tiny
@@ -143,7 +144,9 @@ module Blackbuck
         @values[:listen] = []
         Array(value).each { |a| set(:listen_one, a) }
       when :listen_one then @values[:listen] << listen_entry(value)
-      when :host, :rackup, :environment, :pid, :log, :stats_listen, :config_file then @values[key] = string(key, value)
+      when :host, :rackup, :pid, :log, :config_file then @values[key] = string(key, value)
+      when :environment then @values[key] = string(key, value.is_a?(Symbol) ? value.to_s : value) # -E, or :production
+      when :stats_listen then @values[key] = value.nil? ? nil : address(key, value.is_a?(Integer) ? value.to_s : value)
       when :port then @values[key] = int(key, value, 0, 65_535)
       when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints,
            :gc_before_fork
@@ -177,10 +180,13 @@ module Blackbuck
 
     # Values derived once the sources are merged. The environment's variables fill only what the
     # config file and the command line left unset (as Rails' generated config/puma.rb reads them);
-    # a blank one counts as unset (as Puma).
-    def finalize!(env = ENV)
+    # a blank one counts as unset (as Puma). one_in_development: the worker count's default is 1 in
+    # development (a framework's development server: `rails server`, rackup), not one per CPU.
+    def finalize!(env = ENV, one_in_development: false)
+      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || DEFAULT_ENVIRONMENT
       @values[:port] ||= from_env(env, :port, "PORT") { |v| int(:port, v, 0, 65_535) } || DEFAULT_PORT
-      @values[:workers] ||= from_env(env, :workers, "WEB_CONCURRENCY") { |v| workers_from_env(v) } || Config.cpus
+      @values[:workers] ||= from_env(env, :workers, "WEB_CONCURRENCY") { |v| workers_from_env(v) } ||
+                            development_workers(one_in_development) || Config.cpus
       unless @given[:threads]
         @values[:threads] = from_env(env, :threads, "RAILS_MAX_THREADS") { |v| int(:threads, v, 1, MAX_THREADS) } ||
                             @values[:threads]
@@ -193,12 +199,15 @@ module Blackbuck
       end
       file = @values[:restart_file]
       @values[:restart_file] = file.nil? ? default_restart_file : file && File.expand_path(file, app_dir)
-      @values[:environment] ||= env["RACK_ENV"] || env["RAILS_ENV"] || DEFAULT_ENVIRONMENT
       # No request timeout in development unless one is set (as Puma): a developer at a `debugger`
       # prompt must not have the worker replaced under them.
       @values[:timeout] ||= @values[:environment] == "development" ? 0 : REQUEST_TIMEOUT
       @values[:debug] ||= bool(:BLACKBUCK_DEBUG, env["BLACKBUCK_DEBUG"]) if env["BLACKBUCK_DEBUG"]
-      @values[:listen] = [listen_entry("#{@values[:host]}:#{@values[:port]}")] if @values[:listen].empty?
+      if @values[:listen].empty?
+        host = @values[:host]
+        host = "[#{host}]" if host.include?(":") && !host.start_with?("[") # an IPv6 address: -o ::1, rails server -b ::1
+        @values[:listen] = [listen_entry("#{host}:#{@values[:port]}")]
+      end
       min = @values[:min_requests_per_child]
       max = @values[:max_requests_per_child]
       if min && max.positive? && min > max
@@ -221,6 +230,16 @@ module Blackbuck
       value
     rescue ConfigError => e
       raise ConfigError, e.message.sub(/\A#{key} /, "$#{var} ")
+    end
+
+    # One worker in development under a framework's development server, as Puma runs one process
+    # there: Rails' development Action Cable adapter (async) broadcasts within a process, and a
+    # per-process cache or an in-memory store must be the one every request sees.
+    def development_workers(wanted)
+      return nil unless wanted && @values[:environment] == "development"
+
+      @origins[:workers] = "the default in development"
+      1
     end
 
     # $WEB_CONCURRENCY: a worker count, or "auto" (as Puma 7+): Config.cpus, the CPUs this process
@@ -280,8 +299,15 @@ module Blackbuck
 
     # An address String (no PROXY protocol) or a Listen -> a frozen Listen.
     def listen_entry(value)
-      address, proxy = value.is_a?(Listen) ? [value.address, value.proxy_protocol] : [value, false]
-      Listen.new(string(:listen, address), bool(:proxy_protocol, proxy)).freeze
+      addr, proxy = value.is_a?(Listen) ? [value.address, value.proxy_protocol] : [value, false]
+      Listen.new(address(:listen, addr), bool(:proxy_protocol, proxy)).freeze
+    end
+
+    # An address as Listeners.parse reads it, checked here (so --check, which a HUP runs before it
+    # re-execs, refuses one that the boot would refuse), kept as given.
+    def address(key, value)
+      Listeners.parse(string(key, value), setting: key.to_s)
+      value
     end
 
     def string(key, value)
@@ -401,7 +427,18 @@ module Blackbuck
         @config.set(:warmup, block) if block
       end
 
-      (DEFAULTS.keys - %i[listen config_file refork_after warmup] - HOOKS).each do |key|
+      # threads 5, or Puma's `threads MIN, MAX` with both the same (Rails' config/puma.rb writes
+      # `threads threads_count, threads_count`): each worker runs a fixed number of app threads.
+      def threads(count, max = count)
+        unless max.to_s == count.to_s
+          raise ConfigError, "threads takes one count (each worker runs a fixed number of app threads; Puma's " \
+                             "MIN, MAX grows from MIN to MAX), got threads #{count.inspect}, #{max.inspect}: give threads #{max.inspect}"
+        end
+
+        @config.set(:threads, count)
+      end
+
+      (DEFAULTS.keys - %i[listen config_file refork_after warmup threads] - HOOKS).each do |key|
         define_method(key) { |value| @config.set(key, value) }
       end
 

@@ -67,23 +67,24 @@ module Blackbuck
     ANY_HOST = "0.0.0.0" # the host of an app listener's address that names none (PORT, :PORT)
 
     # "HOST:PORT", ":PORT", "PORT", "[::1]:PORT", "/path.sock", "unix:/path.sock" -> [kind, host, port | path]
-    # bare_host: the host of "PORT" and ":PORT" (the status listener's is loopback).
-    def parse(addr, bare_host: ANY_HOST)
+    # bare_host: the host of "PORT" and ":PORT" (the status listener's is loopback). setting: the
+    # setting the address was given to, for the error.
+    def parse(addr, bare_host: ANY_HOST, setting: "listen")
       a = addr.to_s.strip
       case a
       when %r{\Aunix:(.+)\z} then [:unix, nil, Regexp.last_match(1)]
       when %r{\A[/.~]} then [:unix, nil, File.expand_path(a)]
-      when /\A\[([0-9a-fA-F:.]+)\]:(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr)]
-      when /\A(\d+)\z/ then [:tcp, bare_host, port!(Regexp.last_match(1), addr)]
-      when /\A:(\d+)\z/ then [:tcp, bare_host, port!(Regexp.last_match(1), addr)]
-      when /\A([^:\s\[\]]+):(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr)]
-      else raise ConfigError, "invalid listen address #{addr.inspect} (want HOST:PORT, :PORT, [::1]:PORT or unix:/path)"
+      when /\A\[([0-9a-fA-F:.]+)\]:(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr, setting)]
+      when /\A(\d+)\z/ then [:tcp, bare_host, port!(Regexp.last_match(1), addr, setting)]
+      when /\A:(\d+)\z/ then [:tcp, bare_host, port!(Regexp.last_match(1), addr, setting)]
+      when /\A([^:\s\[\]]+):(\d+)\z/ then [:tcp, Regexp.last_match(1), port!(Regexp.last_match(2), addr, setting)]
+      else raise ConfigError, "invalid #{setting} address #{addr.inspect} (want HOST:PORT, :PORT, PORT, [::1]:PORT or unix:/path)"
       end
     end
 
-    def port!(str, addr)
+    def port!(str, addr, setting = "listen")
       n = Integer(str, 10)
-      raise ConfigError, "invalid port in listen address #{addr.inspect}" unless n.between?(0, 65_535)
+      raise ConfigError, "invalid port in #{setting} address #{addr.inspect} (0..65535)" unless n.between?(0, 65_535)
 
       n
     end

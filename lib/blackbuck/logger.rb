@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "errors"
+
 module Blackbuck
   # One entry per event on stderr (or a file): "TIME blackbuck[PID] LEVEL message".
   # Tests and operators match on the message part; those lines are a contract. An entry is one
@@ -11,7 +13,7 @@ module Blackbuck
 
     def initialize(io = $stderr, path: nil, debug: false)
       @path = path
-      @io = path ? File.open(path, "a") : io
+      @io = path ? Logger.open(path) : io
       @io.sync = true
       @debug = debug
     end
@@ -38,6 +40,17 @@ module Blackbuck
       @io.sync = true
       old.close
     end
+
+    # The log file at path, opened to append; a ConfigError naming the setting when it cannot be
+    # (a missing directory, no permission): one line and exit 1, not a backtrace.
+    def self.open(path)
+      File.open(path, "a")
+    rescue SystemCallError => e
+      raise ConfigError, "log #{path}: cannot open: #{e.message.sub(/ @ .*/, '').sub(/ - #{Regexp.escape(path)}\z/, '')}"
+    end
+
+    # "1 worker", "2 workers": a count and its noun, for messages.
+    def self.count(n, noun) = "#{n} #{noun}#{'s' unless n == 1}"
 
     # "first line\n    second line..." for a message of any number of lines (no trailing newline).
     def self.entry_text(msg) = msg.to_s.chomp.gsub(/\r?\n/, CONTINUATION)

@@ -36,7 +36,7 @@ module Blackbuck
       apply(config, settings, options[:user_supplied_options])
       config.set(:environment, options[:environment].to_s) if options[:environment]
       config.set(:debug, true) if options[:debug]
-      config.finalize!
+      config.finalize!(ENV, one_in_development: true) # one process in development, as Puma
       why = config[:solid_queue] && Jobs.missing(config)
       raise ConfigError, why if why
 
@@ -100,7 +100,7 @@ module Blackbuck
         "Port=PORT" => "port to listen on (default #{Config::DEFAULT_PORT})",
         "Path=PATH" => "UNIX socket path (replaces Host/Port)",
         "BackLog=N" => "listen queue length",
-        "MaxWorkers=N" => "worker processes",
+        "MaxWorkers=N" => "worker processes (default $WEB_CONCURRENCY, else 1 in development, else the CPU count)",
         "MaxRequestPerChild=N" => "recycle a worker after N requests (0 = never)",
         "MinRequestPerChild=N" => "lower bound of the random recycle limit",
         "Timeout=SEC" => "request timeout",

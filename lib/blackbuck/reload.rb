@@ -57,7 +57,7 @@ module Blackbuck
       @notify&.reloading
       if (error = Reexec.check(&wait))
         @logger.error("HUP: the new code does not boot; the running workers keep serving: #{error}")
-        @notify&.ready("reload failed, #{@children.size} workers still serving the old code")
+        @notify&.ready("reload failed, #{Logger.count(@children.size, 'worker')} still serving the old code")
         return
       end
       if @signals.queued?(%i[TERM INT QUIT])
@@ -117,7 +117,7 @@ module Blackbuck
       @jobs&.resume
       @signals.trap_all
       @logger.error("HUP: re-exec failed (#{e.message}); the running workers keep serving")
-      @notify&.ready("reload failed, #{@children.size} workers still serving the old code")
+      @notify&.ready("reload failed, #{Logger.count(@children.size, 'worker')} still serving the old code")
     end
 
     # While the new image boots (seconds, for a large app), a child of this master answers the

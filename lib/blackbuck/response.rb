@@ -18,6 +18,8 @@ module Blackbuck
     EARLY_HINTS = "rack.early_hints"
     CLOSED = Class.new(StandardError) # the client went away mid-body
     InvalidBody = Class.new(TypeError) # not a Rack body (a String, nil): answered 500 before anything is sent
+    InvalidResponse = Class.new(TypeError) # not [status, headers, body], or a status out of 100..999: likewise
+    STATUSES = (100..999).freeze # what a response's status may be (three digits, RFC 9110 section 15)
 
     # What #handle answers:
     DONE = :done         # the whole response is sent
@@ -65,7 +67,7 @@ module Blackbuck
       end
       status = headers = body = error = nil
       begin
-        status, headers, body = @app.call(env)
+        status, headers, body = response = @app.call(env)
       rescue RequestTimeout => e
         error = e
         @logger.exception("request timeout (#{@timeout}s): #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
@@ -76,6 +78,7 @@ module Blackbuck
         return answer_error(conn, 500, hooks)
       end
       return HIJACKED if hooks.hijacked?
+      return invalid_response(conn, env, response, hooks) unless triple?(response)
 
       write(conn, env, status, headers, body, hooks)
     rescue RequestTimeout => e
@@ -91,7 +94,7 @@ module Blackbuck
 
     def write(conn, env, status, headers, body, hooks)
       stage = nil # how far a streamed body got (#stream_each): what a failure can still answer
-      status = Integer(status)
+      status = status_code(status)
       raise TypeError, "response headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
 
       if (partial = headers[HIJACK])
@@ -144,9 +147,31 @@ module Blackbuck
         return CLOSE
       when :each then @logger.exception("body failed before its first part: #{request}", e)
       else
-        e.is_a?(InvalidBody) ? @logger.error("#{e.message}: #{request}") : @logger.exception("invalid response", e)
+        if e.is_a?(InvalidBody) || e.is_a?(InvalidResponse)
+          @logger.error("#{e.message}: #{request}")
+        else
+          @logger.exception("invalid response: #{request}", e)
+        end
       end
       answer_error(conn, 500, hooks)
+    end
+
+    # What the app returned is [status, headers, body] (an Array of three, or what converts to one).
+    def triple?(response) = response.is_a?(Array) ? response.size == 3 : response.respond_to?(:to_ary)
+
+    # Anything else (`[200, {}]`, a String): a 500, and the log says what came back.
+    def invalid_response(conn, env, response, hooks)
+      what = response.is_a?(Array) ? "an Array of #{response.size}" : "a #{response.class}"
+      @logger.error("app returned #{what}, not [status, headers, body]: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      answer_error(conn, 500, hooks)
+    end
+
+    # The response's status as an Integer (200 or "200"), else InvalidResponse naming it.
+    def status_code(status)
+      code = status.is_a?(Integer) ? status : Integer(status, exception: false)
+      return code if code && STATUSES.cover?(code)
+
+      raise InvalidResponse, "app returned status #{status.inspect}; a Rack status is an integer #{STATUSES}"
     end
 
     # Conn#write_response sent (or queued) the head, and the body is the caller's to write, chunked

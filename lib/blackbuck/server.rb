@@ -103,7 +103,7 @@ module Blackbuck
     def processes_line(config)
       from = ->(key) { (o = config.origin(key)) ? " (#{o})" : "" }
       threads = config[:threads]
-      line = "#{config[:workers]} workers#{from.(:workers)}"
+      line = "#{Logger.count(config[:workers], 'worker')}#{from.(:workers)}"
       line += " x #{threads} app thread#{'s' if threads > 1}#{from.(:threads)}" if threads > 1 || config.origin(:threads)
       line
     end

@@ -200,7 +200,7 @@ module Blackbuck
       return if @announced || !@children.all_started?(@wanted)
 
       @announced = true
-      @notify.ready("#{@children.size} workers, pid #{Process.pid}")
+      @notify.ready("#{Logger.count(@children.size, 'worker')}, pid #{Process.pid}")
     end
 
     # The watchdog keeps hearing from the loop while a HUP's boot check blocks it.

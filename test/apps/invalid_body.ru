@@ -27,6 +27,8 @@ run lambda { |env|
   when "/string" then [200, { "content-type" => "text/plain" }, "hello"]
   when "/nil" then [200, { "content-type" => "text/plain" }, nil]
   when "/missing" then [200, { "content-type" => "text/plain" }] # a 2-element Array: no body at all
+  when "/status-word" then ["OK", { "content-type" => "text/plain" }, ["ok"]]
+  when "/status-1000" then [1000, { "content-type" => "text/plain" }, ["ok"]]
   when "/each-raise-first" then [200, { "content-type" => "text/plain" }, RaisingFirstBody.new]
   when "/each-slow-first" then [200, { "content-type" => "text/plain" }, SlowFirstBody.new]
   when "/each-empty" then [200, { "content-type" => "text/plain" }, EmptyEachBody.new]

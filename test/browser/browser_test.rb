@@ -121,10 +121,14 @@ class BrowserTest < Minitest::Test
   def test_rails_server_u_blackbuck_in_development
     write_readme_config
     port = free_port
-    # README: `bin/rails server -u blackbuck` serves localhost:3000 in development; -p: a free port
+    # README: `bin/rails server -u blackbuck` serves localhost:3000 in development; -p: a free port.
+    # No WEB_CONCURRENCY, as on a developer's machine: one worker (as Puma), no request timeout
+    # (issue 32, items 4 and 8: development's async Action Cable broadcasts within one process).
     cmd = DOCS.command("README.md", section: RAILS_SECTION, pattern: /\Abin\/rails server -u blackbuck\s*(#|\z)/)
-    server = start_app(cmd, args: ["-p", port.to_s], env: { "RAILS_ENV" => "development" })
+    server = start_app(cmd, args: ["-p", port.to_s], env: { "RAILS_ENV" => "development", "WEB_CONCURRENCY" => nil })
     assert_includes server.listening, "http://127.0.0.1:#{port}"
+    assert_match(/\(development\), 1 worker \(the default in development\), /, server.log)
+    assert_match(/request timeout: off/, server.log)
     # localhost, not 127.0.0.1: development's Action Cable accepts only Origins on localhost.
     # Jobs: development's adapter is Active Job's default, async (neither app's development.rb sets one).
     # The load is bounded for Rails 8 (Propshaft serves the assets as they are: 0.3 s measured);
@@ -370,8 +374,9 @@ class BrowserTest < Minitest::Test
     vars = words.take_while { |w| w.match?(/\A\w+=/) }.to_h { |w| w.split("=", 2) }
     cmd = words.drop(vars.size)
     cmd[0] = @app.path("bin/blackbuck") if cmd[0] == "blackbuck" # the binstub `bundle binstubs blackbuck` made
-    workers = cmd.each_cons(2).find { |flag, _| flag == "-w" }&.last&.to_i || WORKERS
     full_env = (env["RAILS_ENV"] == "development" ? {} : @app.production_env).merge("WEB_CONCURRENCY" => WORKERS.to_s, **vars, **env)
+    # -w N; else WORKERS ($WEB_CONCURRENCY); without it, development's one
+    workers = cmd.each_cons(2).find { |flag, _| flag == "-w" }&.last&.to_i || (full_env["WEB_CONCURRENCY"] ? WORKERS : 1)
     server = AppServer.new(@app, [*cmd, *args], env: full_env, workers: workers, name: "server-#{name}")
     @stoppable << server
     server

@@ -30,6 +30,10 @@ class DocSnippets
     Snippet.new(line.sub(/\s+#.*\z/m, "").strip, "#{file} (#{section.source}, command)")
   end
 
+  # Every fenced block of `lang` in `file` (Block structs: its section heading and text), for
+  # checks that read what the docs say rather than run it (test/unit/docs_test.rb).
+  def blocks_in(file, lang:) = blocks(file).select { |b| b.lang == lang }
+
   private
 
   def blocks(file)

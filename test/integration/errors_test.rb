@@ -126,7 +126,7 @@ class ErrorStatusTest < ServerTest
       assert_equal 500, request(io, "GET", path).status, path
       io.close
     end
-    assert_logged(@server, /invalid response: TypeError/)
+    assert_logged(@server, %r{invalid response: GET /bad-triplet: TypeError})
   end
 
   private

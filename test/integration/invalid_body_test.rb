@@ -13,7 +13,10 @@ module InvalidBodyCases
   {
     "/string" => /app returned a String body; a Rack body responds to each or call: GET \/string/,
     "/nil" => /app returned a nil body; a Rack body responds to each or call: GET \/nil/,
-    "/missing" => /app returned a nil body; a Rack body responds to each or call: GET \/missing/,
+    # issue 32, item 13: what came back is named, not "a nil body"; so are a bad status and the request
+    "/missing" => %r{app returned an Array of 2, not \[status, headers, body\]: GET /missing},
+    "/status-word" => %r{app returned status "OK"; a Rack status is an integer 100\.\.999: GET /status-word},
+    "/status-1000" => %r{app returned status 1000; a Rack status is an integer 100\.\.999: GET /status-1000},
     "/each-raise-first" => %r{body failed before its first part: GET /each-raise-first: RuntimeError: boom before the first part}
   }.each do |path, logged|
     define_method("test_#{path.delete_prefix('/').tr('-', '_')}_body_is_a_500") do

@@ -114,7 +114,7 @@ class MessagesTest < ServerTest
       io = server.tcp
       assert_equal 500, request(io, "GET", path).status, path
       io.close
-      assert_logged(server, /ERROR invalid response: ArgumentError: #{Regexp.escape(message)}/)
+      assert_logged(server, /ERROR invalid response: GET #{path}: ArgumentError: #{Regexp.escape(message)}/)
     end
     refute_match(/^Injected/, server.log)
   end

@@ -56,7 +56,7 @@ class RailsEnvTest < ServerTest
     pidfile = File.join(Dir.mktmpdir("bb-test"), "cli.pid")
     server, = start_with_env({ "WEB_CONCURRENCY" => "3", "RAILS_MAX_THREADS" => "4", "PIDFILE" => "#{pidfile}.env" },
                              "-l", "127.0.0.1:0", "-w", "1", "--threads", "2", "-P", pidfile, workers: 1)
-    assert_match(/, 1 workers x 2 app threads, /, server.log)
+    assert_match(/, 1 worker x 2 app threads, /, server.log)
     assert_equal "#{server.pid}\n", File.read(pidfile)
     refute File.exist?("#{pidfile}.env")
     assert_equal 1, server.worker_pids.size

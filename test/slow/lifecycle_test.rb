@@ -172,7 +172,7 @@ class LifecycleTest < ServerTest
            RbConfig.ruby, EXE, "-l", "unix:#{dir}/app.sock", File.join(APPS, "hello.ru")]
     server = ChildProcess.new(cmd, log_path: "#{dir}/server.log", env: { "WEB_CONCURRENCY" => nil })
     wait_for(20) { server.log.include?("ready") || server.exited? }
-    assert_match(/, 1 workers,/, server.log, "one CPU of quota on a #{Etc.nprocessors}-CPU machine")
+    assert_match(/, 1 worker,/, server.log, "one CPU of quota on a #{Etc.nprocessors}-CPU machine")
   ensure
     server&.stop
     if group && Dir.exist?(group)

@@ -28,12 +28,14 @@ module BlackbuckBench
     crosscheck_cell: %w[auto hello_length keepalive], # server workload mode; auto = blackbuck, else unicorn
     out: File.expand_path("../../results", __dir__),
     quick: false,
+    plan: false,           # print the plan and its estimate, measure nothing
     cpu_hog: false         # one busy process per core beside the whole run (a shared CPU)
   }.freeze
 
-  # CI: every server and every workload once, very short. Durations of workloads that set their
-  # own (iowait, mixed) are capped at this one too.
-  QUICK = { duration: 1, warmup: 0, repeat: 1, workloads: WORKLOADS.map(&:name) }.freeze
+  # CI: every server and every workload that has quick cells once, very short (not the memory
+  # workload: a Rails boot and warm-up per row). Durations of workloads that set their own (iowait,
+  # mixed) are capped at this one too.
+  QUICK = { duration: 1, warmup: 0, repeat: 1, workloads: WORKLOADS.reject { |w| w.quick_cells.empty? }.map(&:name) }.freeze
 
   def self.parse_options(argv, env: ENV)
     given = {}
@@ -42,6 +44,7 @@ module BlackbuckBench
     OptionParser.new do |o|
       o.banner = "usage: ruby bench/run.rb [options]   (see bench/README.md)"
       o.on("--quick", "CI matrix: #{QUICK.map { |k, v| "#{k}=#{Array(v).join(',')}" }.join(' ')}, each workload's quick cells") { given[:quick] = true }
+      o.on("--plan", "print the plan (servers x cells per workload) and its estimate, and exit: measures nothing") { given[:plan] = true }
       o.on("--only NAME", "named subset (also BENCH_ONLY=NAME): #{SUBSETS.keys.join(', ')}") { |v| given[:only] = v }
       o.on("--workers N", Integer, "worker processes per server (#{DEFAULTS[:workers]}; mixed: #{MIXED_WORKERS})") { |v| given[:workers] = positive(:workers, v) }
       o.on("--duration S", Float, "seconds per measurement (#{DEFAULTS[:duration]}; iowait, mixed: #{MIXED_DURATION_S})") { |v| given[:duration] = positive(:duration, v) }

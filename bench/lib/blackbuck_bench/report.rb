@@ -162,7 +162,8 @@ module BlackbuckBench
         "reason" => bad.map(&:reason).compact.uniq.first,
         "rps" => med&.round(1),
         "rps_min" => rps.min&.round(1), "rps_max" => rps.max&.round(1),
-        "spread_pct" => med&.positive? ? ((rps.max - rps.min) / med * 100).round(1) : nil,
+        # one run has no spread (n/a), not a spread of 0
+        "spread_pct" => med&.positive? && rps.size > 1 ? ((rps.max - rps.min) / med * 100).round(1) : nil,
         "runs" => ok.size,
         "p50_ms" => median(ok.map { |m| m.result.p50_ms })&.round(3),
         "p99_ms" => median(ok.map { |m| m.result.p99_ms })&.round(3),
@@ -277,12 +278,19 @@ module BlackbuckBench
       "#{fmt_num(r['busiest_share_pct'], 0)}% (#{r['workers_serving']}/#{r['workers']})"
     end
 
+    # "12.5%"; "n/a" for a cell measured once (--repeat 1, --quick): one run has no spread.
+    def spread_cell(r)
+      return "n/a" if r["runs"] == 1
+
+      r["spread_pct"] ? "#{r['spread_pct']}%" : "–"
+    end
+
     def plain_table(rows)
       out = +"| Server | Transport | Mode | req/s | spread | p50 ms | p99 ms | CPU µs/req | PSS KB/worker | busiest worker | errors | ×best peer | ×nginx |\n"
       out << "|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
       rows.each do |r|
         cells = if measured?(r)
-                  [rps_cell(r), r["spread_pct"] ? "#{r['spread_pct']}%" : "–", fmt_num(r["p50_ms"], 2),
+                  [rps_cell(r), spread_cell(r), fmt_num(r["p50_ms"], 2),
                    fmt_num(r["p99_ms"], 2), fmt_num(r["server_cpu_us_per_req"], 1), fmt_int(r["pss_kb_per_worker"]),
                    busiest(r), fmt_int(r["errors"]), fmt_ratio(r["x_best"]), fmt_ratio(r["x_nginx"])]
                 else
