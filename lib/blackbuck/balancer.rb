@@ -165,6 +165,24 @@ module Blackbuck
       moved
     end
 
+    # Every request queued for the threads moves on (to the hand-off socket, as far as it has room):
+    # from #move_waiting, and at once when one of the threads is stuck past the timeout
+    # (Worker#timed_out_in_thread). How many moved.
+    def move_queued
+      return 0 unless @pass_fd
+
+      moved = 0
+      @runner.take_back do |conn|
+        next false unless conn.pass_request(@pass_fd)
+
+        moved += 1
+        @conns.moved_away(conn)
+        true
+      end
+      @moved_out += moved
+      moved
+    end
+
     # A stopping worker with no connection left takes what is still on the hand-off socket, one per
     # call, so a connection moved just before the stop is served. True when it took one.
     def take_left_over = @fd && adopt
@@ -195,13 +213,7 @@ module Blackbuck
       return if oldest.nil? || (waited = @worker.woke_at - oldest) < @handoff_after
       return unless waited >= @handoff_after + @runner.typical * 2 || @scoreboard.free_elsewhere?(@index)
 
-      @runner.take_back do |conn|
-        next false unless conn.pass_request(@pass_fd)
-
-        @moved_out += 1
-        @conns.moved_away(conn)
-        true
-      end
+      move_queued
     end
 
     # When the loop should look again at requests queued here (#move_waiting): the oldest may move
