@@ -34,6 +34,7 @@ module Blackbuck
       @conns = conns
       @table = conns.table # fd => Conn (its size, read without a call)
       @stopping = false
+      @retiring = false # idle connections moved to the siblings (#move_idle): none is taken back
       @runner = runner
       @scoreboard = scoreboard
       @logger = logger
@@ -118,7 +119,7 @@ module Blackbuck
 
     # Whether the hand-off socket is in the poller (connections other workers moved are taken).
     def intake(on)
-      return if @fd.nil? || @polled == on
+      return if @fd.nil? || @polled == on || (on && @retiring) # (#move_idle: what it moved is the siblings')
 
       on ? @poller.add(@fd, Native::Poller::EXCLUSIVE) : @poller.delete(@fd)
       @polled = on
@@ -153,6 +154,7 @@ module Blackbuck
       return 0 unless @socket
 
       intake(false)
+      @retiring = true # the socket is not watched again (#intake): not even once an app thread frees up
       sender = @socket[0].fileno
       moved = 0
       @table.values.each do |conn|
