@@ -76,10 +76,10 @@ module Blackbuck
     def handle(conn, env)
       @retire = false
       @notice = nil
+      path = env["PATH_INFO"] # (as the request came: Rails 6.1's ShowExceptions rewrites it to "/503")
       mode = answer(conn, env)
       if @notice&.backtrace # raised in the app, and the app rescued it: the backtrace says where it ran
-        @logger.exception("request timeout (#{@timeout}s), rescued by the app: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}",
-                          @notice)
+        @logger.exception("request timeout (#{@timeout}s), rescued by the app: #{env['REQUEST_METHOD']} #{path}", @notice)
         @retire = true
       end
       @retire ? RETIRE.fetch(mode) : mode
