@@ -71,6 +71,8 @@ module Blackbuck
         end
         begin
           @response.handle(conn, env)
+        rescue RequestTimeout # the notice came as the request ended, past Response#handle's own rescues
+          Response::RETIRE_DROP
         ensure
           @in_app = false
           moved = @gate.request_done(@index, @done_state)
