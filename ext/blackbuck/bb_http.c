@@ -227,6 +227,11 @@ static size_t find_line_special(const unsigned char *b, size_t i, size_t end, in
     return find_line_special_scalar(b, i, end);
 }
 
+size_t bb_field_value_end(const char *p, size_t n)
+{
+    return find_line_special((const unsigned char *)p, 0, n, use_simd());
+}
+
 static size_t find_not_target(const unsigned char *b, size_t i, size_t end, int simd)
 {
 #ifdef BB_SSE42_PATH

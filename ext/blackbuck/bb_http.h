@@ -127,6 +127,11 @@ struct bb_chunked_decoder {
 void bb_chunked_init(struct bb_chunked_decoder *d);
 long bb_decode_chunked(struct bb_chunked_decoder *d, char *buf, size_t *bufsz);
 
+/* The offset of the first byte of p[0..n) that a field value may not hold (RFC 9110 5.5: a control
+ * byte other than HTAB, i.e. 0x00-0x08, 0x0A-0x1F, or DEL 0x7F; obs-text 0x80-0xFF is allowed), or n
+ * when every byte may stand. The rule the parser applies to request fields, for a response's. */
+size_t bb_field_value_end(const char *p, size_t n);
+
 /* Which scanner bb_parse_request uses: "sse4.2" or "scalar" (chosen once, at first use, by CPUID). */
 const char *bb_http_impl(void);
 /* Forces the scalar (0) or SIMD (1) scanner; returns -1 if SIMD is unavailable. For tests. */

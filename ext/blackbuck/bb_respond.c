@@ -189,18 +189,15 @@ static void check_name(VALUE key, const char *what)
     }
 }
 
-/* One value of field key: p, n is a line of `value` (Rack 2 joins several with "\n"). CR, LF and
- * NUL are refused (RFC 9110 5.5: they could end the field and start another). Raises
- * ArgumentError naming the field and showing the whole value the app gave, escaped. */
+/* One value of field key: p, n is a line of `value` (Rack 2 joins several with "\n"). A control byte
+ * other than HTAB, or DEL, is refused (RFC 9110 5.5: CR, LF and NUL could end the field and start
+ * another, and proxies pass the others on; bb_field_value_end). Raises ArgumentError naming the field
+ * and showing the whole value the app gave, escaped. */
 static void check_value(VALUE key, const char *p, size_t n, VALUE value, const char *what)
 {
-    size_t i;
-    for (i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)p[i];
-        if (ch == '\r' || ch == '\n' || ch == 0)
-            rb_raise(rb_eArgError, "invalid value of %s %" PRIsVALUE ": %" PRIsVALUE " (CR, LF and NUL are not allowed)",
-                     what, field_shown(key), field_shown(value));
-    }
+    if (bb_field_value_end(p, n) != n)
+        rb_raise(rb_eArgError, "invalid value of %s %" PRIsVALUE ": %" PRIsVALUE
+                 " (control bytes other than HTAB are not allowed)", what, field_shown(key), field_shown(value));
 }
 
 /* v, vn: one line of value (the app's String or an element of its Array). */

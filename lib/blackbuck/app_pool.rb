@@ -34,10 +34,8 @@ module Blackbuck
       @wake_sent = false # a byte is on the pipe that the loop has not read yet: no need for another
       @running = Array.new(size) # the job each thread runs, or nil
       @typical = 0.0 # seconds a request runs, a moving average (#room?)
-      @threads = Array.new(size) do |i|
-        responder = response.new(config, app, worker.logger, hand_over)
-        Thread.new { work(i, responder) }
-      end
+      @responders = Array.new(size) { response.new(config, app, worker.logger, hand_over) }
+      @threads = Array.new(size) { |i| Thread.new { work(i, @responders[i]) } }
     end
 
     def wake_fd = @wake_r.fileno
@@ -109,12 +107,13 @@ module Blackbuck
     end
 
     # The master's request-timeout notice (USR2): the request that has run longest gets
-    # RequestTimeout raised in its thread, inside the app (the client gets a 503).
+    # RequestTimeout raised in its thread, inside the app (the client gets a 503). True when it was sent.
     def time_out_oldest(limit)
       i, job = oldest_running
-      return unless job && now - job.started >= limit
+      return false unless job && now - job.started >= limit
 
-      @threads[i].raise(RequestTimeout, "request ran longer than #{limit}s")
+      @threads[i].raise(@responders[i].timeout_notice(limit))
+      true
     end
 
     # The worker is exiting: the threads finish the job they run (the loop has waited for them
@@ -154,7 +153,7 @@ module Blackbuck
           begin
             job.mode = Thread.handle_interrupt(RequestTimeout => :immediate) { response.handle(job.conn, job.env) }
           rescue RequestTimeout # raised in handle's own error path: the answer is cut short
-            job.mode = Response::TIMED_OUT_DROP
+            job.mode = Response::RETIRE_DROP
           rescue Exception => e # rubocop:disable Lint/RescueException -- the loop must get its connection back
             @worker.logger.exception("app thread", e)
             job.mode = Response::DROP

@@ -18,7 +18,9 @@ module Blackbuck
   #   room?(now), oldest_waiting, typical, take_back   the queue, for Balancer
   #   in_app?                   the app runs on the loop's thread now
   #   stop_accepting_asked      the stop-accepting signal: act now (true), or when the app starts
-  #   time_out(limit)           the master's request-timeout notice (USR2, from the trap)
+  #   time_out(limit)           the master's request-timeout notice (USR2, from the trap); true when
+  #                             the loop should begin to retire the worker now (Threads: the other
+  #                             threads' requests and the idle connections must not wait for the KILL)
   #   stopping!, tick, stop     the worker stops / a tick / the worker exits
   module AppRunner
     # threads 1: the app runs on the loop's own thread. The scoreboard's request_start/request_done
@@ -69,6 +71,8 @@ module Blackbuck
         end
         begin
           @response.handle(conn, env)
+        rescue RequestTimeout # the notice came as the request ended, past Response#handle's own rescues
+          Response::RETIRE_DROP
         ensure
           @in_app = false
           moved = @gate.request_done(@index, @done_state)
@@ -79,9 +83,10 @@ module Blackbuck
 
       def finished = nil
 
-      # From the USR2 trap: raised in the loop's thread, inside the app.
+      # From the USR2 trap: raised in the loop's thread, inside the app (the worker is replaced once
+      # the request is over: Response::RETIRE). Nothing is left for the loop to do.
       def time_out(limit)
-        raise RequestTimeout, "request ran longer than #{limit}s" if @in_app
+        raise @response.timeout_notice(limit) if @in_app
       end
 
       def stopping!

@@ -34,6 +34,7 @@ module Blackbuck
       @conns = conns
       @table = conns.table # fd => Conn (its size, read without a call)
       @stopping = false
+      @retiring = false # idle connections moved to the siblings (#move_idle): none is taken back
       @runner = runner
       @scoreboard = scoreboard
       @logger = logger
@@ -118,7 +119,7 @@ module Blackbuck
 
     # Whether the hand-off socket is in the poller (connections other workers moved are taken).
     def intake(on)
-      return if @fd.nil? || @polled == on
+      return if @fd.nil? || @polled == on || (on && @retiring) # (#move_idle: what it moved is the siblings')
 
       on ? @poller.add(@fd, Native::Poller::EXCLUSIVE) : @poller.delete(@fd)
       @polled = on
@@ -153,6 +154,7 @@ module Blackbuck
       return 0 unless @socket
 
       intake(false)
+      @retiring = true # the socket is not watched again (#intake): not even once an app thread frees up
       sender = @socket[0].fileno
       moved = 0
       @table.values.each do |conn|
@@ -160,6 +162,24 @@ module Blackbuck
 
         @conns.moved_away(conn)
         moved += 1
+      end
+      @moved_out += moved
+      moved
+    end
+
+    # Every request queued for the threads moves on (to the hand-off socket, as far as it has room):
+    # from #move_waiting, and at once when one of the threads is stuck past the timeout
+    # (Worker#timed_out_in_thread). How many moved.
+    def move_queued
+      return 0 unless @pass_fd
+
+      moved = 0
+      @runner.take_back do |conn|
+        next false unless conn.pass_request(@pass_fd)
+
+        moved += 1
+        @conns.moved_away(conn)
+        true
       end
       @moved_out += moved
       moved
@@ -195,13 +215,7 @@ module Blackbuck
       return if oldest.nil? || (waited = @worker.woke_at - oldest) < @handoff_after
       return unless waited >= @handoff_after + @runner.typical * 2 || @scoreboard.free_elsewhere?(@index)
 
-      @runner.take_back do |conn|
-        next false unless conn.pass_request(@pass_fd)
-
-        @moved_out += 1
-        @conns.moved_away(conn)
-        true
-      end
+      move_queued
     end
 
     # When the loop should look again at requests queued here (#move_waiting): the oldest may move

@@ -314,6 +314,7 @@ module Blackbuck
       app = app.first if app.is_a?(Array) # Rack 2 returns [app, options]
       raise ConfigError, "#{path} did not produce a Rack app (got #{app.class})" unless app.respond_to?(:call)
 
+      RequestTimeout.register_with_rails
       app
     rescue ConfigError
       raise

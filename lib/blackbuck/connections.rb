@@ -38,7 +38,7 @@ module Blackbuck
     # the worker accepts nothing (a closed connection may let it resume).
     attr_writer :saturated, :paused
 
-    # worker: what the state machine asks of the loop (counted, last_request, begin_graceful_stop,
+    # worker: what the state machine asks of the loop (counted, last_request, replace, begin_graceful_stop,
     # resume_accepting). rewatch: a finished response's connection may be out of the poller (app
     # threads: the loop takes it out only if it becomes readable while the app runs, #on_event).
     def initialize(worker, config, request, scoreboard, index, rewatch:, requests_limit: 0)
@@ -279,9 +279,11 @@ module Blackbuck
       when Response::DONE, Response::WRITTEN then return answered(conn, mode)
       when Response::CLOSE then close(conn)
       when Response::DROP then drop(conn)
-      when Response::TIMED_OUT_CLOSE, Response::TIMED_OUT_DROP
-        @worker.begin_graceful_stop("a request timed out")
-        mode == Response::TIMED_OUT_CLOSE ? close(conn) : drop(conn)
+      when Response::RETIRE_WRITTEN, Response::RETIRE_CLOSE, Response::RETIRE_DROP
+        @worker.replace("its request timed out or left the process unsafe (logged above)")
+        return answered(conn) if mode == Response::RETIRE_WRITTEN
+
+        mode == Response::RETIRE_CLOSE ? close(conn) : drop(conn)
       end
       false # HIJACKED: the app's now (#hand_over)
     end

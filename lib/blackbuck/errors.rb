@@ -17,5 +17,17 @@ module Blackbuck
 
   # Raised inside the app (from a signal trap) when a request runs past --timeout.
   class RequestTimeout < Exception # rubocop:disable Lint/InheritException -- must not be rescued by `rescue => e`
+    RAILS_STATUS = :service_unavailable # what Rails answers it with: 503, as Blackbuck itself does
+
+    # Rails' ShowExceptions rescues every exception and answers the status its rescue_responses
+    # names, 500 for one it does not know: a loaded Rails app learns that a request timeout is a 503.
+    # An entry the app set itself (config.action_dispatch.rescue_responses) stands. Called once the
+    # app is loaded; does nothing without Rails (Rails stays optional).
+    def self.register_with_rails
+      return unless defined?(ActionDispatch::ExceptionWrapper)
+
+      responses = ActionDispatch::ExceptionWrapper.rescue_responses # (its default: :internal_server_error)
+      responses[name] = RAILS_STATUS unless responses.key?(name)
+    end
   end
 end

@@ -45,6 +45,7 @@ module Blackbuck
       unknown.each do |name|
         logger.warn("ignoring unknown option #{name}=#{options[name].inspect} (settings: docs/CONFIGURATION.md)")
       end
+      RequestTimeout.register_with_rails # (rails server: the app is loaded)
       control = Server::Control.new
       yield control if block_given?
       Server.run(config, app, logger: logger, control: control)

@@ -85,8 +85,7 @@ module Blackbuck
     def discard(conn)
       return if @bodies.empty?
 
-      sink = @bodies.delete(conn)&.sink
-      sink.close! if sink.is_a?(Tempfile)
+      throw_away(@bodies.delete(conn)&.sink)
     end
 
     private
@@ -155,14 +154,24 @@ module Blackbuck
       end
     rescue SystemCallError => e # ENOSPC while spilling
       @logger.error("cannot buffer a request body: #{e.message}")
+      throw_away(@bodies.delete(conn)&.sink)
       503
     end
 
+    # A tempfile body nobody will read: closed and gone. Closing flushes the bytes Ruby still buffers
+    # for it (a body arriving in pieces under IO's 8 KiB buffer), and on a full disk that flush fails
+    # as the writes did: the file is closed all the same, and the error was logged when it happened.
+    def throw_away(sink)
+      sink.close! if sink.is_a?(Tempfile)
+    rescue SystemCallError
+      nil
+    end
+
     def body_complete(conn, body)
-      @bodies.delete(conn)
       env = body.env
       input = body.sink
-      input.rewind
+      input.rewind # (flushes a tempfile: on a full disk this raises, and #read_body throws the body away)
+      @bodies.delete(conn)
       env["CONTENT_LENGTH"] = input.size.to_s if conn.chunked?
       env["rack.input"] = input
       @spilled = input if input.is_a?(Tempfile)

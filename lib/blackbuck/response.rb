@@ -27,9 +27,19 @@ module Blackbuck
     HIJACKED = :hijacked # the app took the socket (rack.hijack)
     CLOSE = :close       # the answer is complete (an error status) or cut short: close in stages
     DROP = :drop         # the client is gone: close at once
-    TIMED_OUT_CLOSE = :timed_out_close # a request timeout cut the request (a 503, or a response cut
-    TIMED_OUT_DROP = :timed_out_drop   # short): as CLOSE / DROP, and the worker retires
-    TIMED_OUT = { CLOSE => TIMED_OUT_CLOSE, DROP => TIMED_OUT_DROP, HIJACKED => HIJACKED }.freeze
+    # As WRITTEN / CLOSE / DROP, and the worker is replaced (it retires once the connection is seen to):
+    # a request timeout was raised in the app (whether or not the app rescued it: Rails' ShowExceptions
+    # does, and answers itself), or the app raised an exception after which the process is not to be
+    # trusted (UNSAFE).
+    RETIRE_WRITTEN = :retire_written
+    RETIRE_CLOSE = :retire_close
+    RETIRE_DROP = :retire_drop
+    RETIRE = { DONE => RETIRE_WRITTEN, WRITTEN => RETIRE_WRITTEN, CLOSE => RETIRE_CLOSE, DROP => RETIRE_DROP,
+               HIJACKED => HIJACKED }.freeze
+    # Exceptions outside StandardError that are answered 500 (as every app error is) and then replace
+    # the worker: memory ran out, the app called `exit` or raised a signal's exception (it meant the
+    # process to end). Others (Exception itself, SecurityError) are answered 500 and the worker serves on.
+    UNSAFE = [NoMemoryError, SystemExit, SignalException].freeze
 
     # hand_over: called with the connection when the app hijacks it, before the app gets the socket
     # (the worker must stop watching it then: the app may close it at once); nil when nothing
@@ -57,7 +67,31 @@ module Blackbuck
       defaults.freeze
     end
 
+    # The master's request-timeout notice for the request this Response runs (AppRunner raises it in
+    # the app). Kept so #handle knows, once the app has returned, whether it was raised (it has a
+    # backtrace then) even when the app rescued it and answered itself.
+    def timeout_notice(limit)
+      @notice = RequestTimeout.new("request ran longer than #{limit}s")
+    end
+
+    # Runs the app for one request and writes its answer: the mode (DONE ... RETIRE_DROP).
     def handle(conn, env)
+      @retire = false
+      @notice = nil
+      path = env["PATH_INFO"] # (as the request came: Rails 6.1's ShowExceptions rewrites it to "/503")
+      mode = answer(conn, env)
+      if @notice&.backtrace # raised in the app, and the app rescued it: the backtrace says where it ran
+        @logger.exception("request timeout (#{@timeout}s), rescued by the app: #{env['REQUEST_METHOD']} #{path}", @notice)
+        @retire = true
+      end
+      @retire ? RETIRE.fetch(mode) : mode
+    ensure
+      @notice = nil
+    end
+
+    private
+
+    def answer(conn, env)
       hooks = @hooks
       hooks.start(conn, env)
       unless (finished = @finished) # app threads: each request its own
@@ -70,11 +104,11 @@ module Blackbuck
         status, headers, body = response = @app.call(env)
       rescue RequestTimeout => e
         error = e
-        @logger.exception("request timeout (#{@timeout}s): #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-        return TIMED_OUT[answer_error(conn, 503, hooks)]
-      rescue StandardError, ScriptError, SystemStackError => e
+        timed_out(e, "request timeout (#{@timeout}s): #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+        return answer_error(conn, 503, hooks)
+      rescue Exception => e # rubocop:disable Lint/RescueException -- any app error is a 500, not a lost worker
         error = e
-        @logger.exception("app error: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
+        app_error("app error: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
         return answer_error(conn, 500, hooks)
       end
       return HIJACKED if hooks.hijacked?
@@ -83,14 +117,28 @@ module Blackbuck
       write(conn, env, status, headers, body, hooks)
     rescue RequestTimeout => e
       error = e
-      @logger.exception("request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-      TIMED_OUT_CLOSE # the response is cut short: the client sees it end early
+      timed_out(e, "request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      CLOSE # the response is cut short: the client sees it end early
     ensure
       close_body(body) if body.respond_to?(:close)
       run_finished(finished, env, status, headers, error) unless finished.nil? || finished.empty?
     end
 
-    private
+    # A request timeout that came back here: logged with its backtrace, and the worker is replaced.
+    def timed_out(err, what)
+      @notice = nil # (#handle: not the app's to rescue)
+      @retire = true
+      @logger.exception(what, err)
+    end
+
+    # An app error, logged with its backtrace; one of UNSAFE replaces the worker once it is answered.
+    def app_error(what, err)
+      if UNSAFE.any? { |k| err.is_a?(k) }
+        @retire = true
+        what = "#{what} (the worker is replaced after this request)"
+      end
+      @logger.exception(what, err)
+    end
 
     def write(conn, env, status, headers, body, hooks)
       stage = nil # how far a streamed body got (#stream_each): what a failure can still answer
@@ -131,10 +179,9 @@ module Blackbuck
     rescue RequestTimeout => e
       raise if %i[head sent].include?(stage) # the head is out: the response can only be cut short
 
-      @logger.exception("request timeout (#{@timeout}s) before the body's first part: " \
-                        "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}", e)
-      TIMED_OUT[answer_error(conn, 503, hooks)]
-    rescue StandardError => e
+      timed_out(e, "request timeout (#{@timeout}s) before the body's first part: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      answer_error(conn, 503, hooks)
+    rescue Exception => e # rubocop:disable Lint/RescueException -- the body is the app's code too (#answer)
       # Nothing was written when write_response raised (it validates first), nor when an `each` body
       # failed before its first part: answer 500. Once a streamed body has begun, its status is out;
       # the only honest signal left is to end the connection without the final chunk (or short of
@@ -143,14 +190,14 @@ module Blackbuck
       request = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}"
       case stage
       when :sent
-        @logger.exception("body failed after the head was sent, connection closed: #{request}", e)
+        app_error("body failed after the head was sent, connection closed: #{request}", e)
         return CLOSE
-      when :each then @logger.exception("body failed before its first part: #{request}", e)
+      when :each then app_error("body failed before its first part: #{request}", e)
       else
         if e.is_a?(InvalidBody) || e.is_a?(InvalidResponse)
           @logger.error("#{e.message}: #{request}")
         else
-          @logger.exception("invalid response: #{request}", e)
+          app_error("invalid response: #{request}", e)
         end
       end
       answer_error(conn, 500, hooks)
@@ -267,15 +314,19 @@ module Blackbuck
 
     def close_body(body)
       body.close
-    rescue StandardError => e
-      @logger.exception("body.close", e)
+    rescue RequestTimeout => e
+      timed_out(e, "request timeout (#{@timeout}s) in body.close")
+    rescue Exception => e # rubocop:disable Lint/RescueException -- the app's code (#answer)
+      app_error("body.close", e)
     end
 
     def run_finished(finished, env, status, headers, error)
       finished.each do |cb|
         cb.call(env, status, headers, error)
-      rescue StandardError => e
-        @logger.exception("rack.response_finished callback", e)
+      rescue RequestTimeout => e
+        timed_out(e, "request timeout (#{@timeout}s) in a rack.response_finished callback")
+      rescue Exception => e # rubocop:disable Lint/RescueException -- the app's code (#answer)
+        app_error("rack.response_finished callback", e)
       end
     ensure
       finished.clear

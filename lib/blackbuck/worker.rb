@@ -67,6 +67,8 @@ module Blackbuck
       @saturated = false     # every app thread has a request (AppRunner::Threads; never with one)
       @stop_signals = 0      # TERM/INT/QUIT received (counted in the trap)
       @stop_signals_seen = 0 # ... and acted on by #tick
+      @timeout_notices = 0   # request-timeout notices the app threads were sent (counted in the trap)
+      @timeout_notices_seen = 0 # ... and acted on by #tick
       @exit = false
       @gc_pending = false
       @paused = false
@@ -165,6 +167,10 @@ module Blackbuck
       retire("reached #{limit} requests (max_requests_per_child)")
     end
 
+    # A request timed out, or the app raised an exception after which this process is not to be
+    # trusted (Response::RETIRE): a fresh worker replaces this one, the siblings serve on.
+    def replace(why) = retire(why)
+
     def pause_accepting
       return if @paused
 
@@ -244,8 +250,11 @@ module Blackbuck
       trap(:USR1) { @reopen_logs = true }
       # (Inline#stop_accepting_asked: now if the app runs, else once it starts, if it does)
       trap(STOP_ACCEPTING_SIGNAL) { stop_accepting_in_app if @runner.stop_accepting_asked }
-      # The master's request-timeout notice: interrupt the app where it is.
-      trap(:USR2) { @runner.time_out(@config[:timeout]) }
+      # The master's request-timeout notice: interrupt the app where it is. With app threads the loop
+      # retires the worker at once (#tick): the master kills one whose request ignores the notice
+      # (RequestTimeouts::KILL_GRACE), and the other threads' requests and the idle connections must
+      # be done or gone by then.
+      trap(:USR2) { @timeout_notices += 1 if @runner.time_out(@config[:timeout]) }
       trap(:HUP, "IGNORE")
       trap(:TTIN, "IGNORE")
       trap(:TTOU, "IGNORE")
@@ -282,7 +291,8 @@ module Blackbuck
         end
         @connections.serve_ready unless @ready.empty?
         @balancer.move_waiting if @saturated
-        tick if @stop_signals > @stop_signals_seen || @reopen_logs || @woke_at >= @next_tick
+        tick if @stop_signals > @stop_signals_seen || @timeout_notices > @timeout_notices_seen || @reopen_logs ||
+                @woke_at >= @next_tick
       end
     end
 
@@ -356,6 +366,17 @@ module Blackbuck
       retire("forking the mold")
     end
 
+    # An app thread's request was told it timed out (#install_traps): the worker retires now, not once
+    # that request comes back, which it may never do (a C call holding the GVL, code rescuing
+    # Exception): the master kills it KILL_GRACE seconds after the notice. Its idle connections move
+    # to the siblings, and so do the requests queued for its threads (Balancer#move_queued); those the
+    # other threads run finish, their responses saying "Connection: close".
+    def timed_out_in_thread
+      retire("a request ran past the timeout (#{@config[:timeout]}s); its thread was told to stop")
+      moved = @balancer.move_queued
+      @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} queued requests to its siblings") if moved.positive?
+    end
+
     # A stop while the siblings serve on (refork): the listeners' queues are theirs (not taken here),
     # and each idle keep-alive connection moves to them over the hand-off socket instead of being
     # closed under a client that may be sending its next request at that moment. Requests in
@@ -414,6 +435,10 @@ module Blackbuck
       if @stop_signals > @stop_signals_seen
         @stop_signals_seen = @stop_signals
         @stop_signals >= 2 ? force_stop("signal again") : begin_graceful_stop("signal")
+      end
+      if @timeout_notices > @timeout_notices_seen
+        @timeout_notices_seen = @timeout_notices
+        timed_out_in_thread
       end
       @connections.expire(t)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close

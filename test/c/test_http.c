@@ -1042,6 +1042,27 @@ static void scanner_offsets(const char *impl)
     report(ok, impl, "scanner lanes", "bad byte at every offset 0..47", NULL);
 }
 
+/* bb_field_value_end, the rule a response's field value is checked by (bb_respond.c): every byte at
+ * every offset 0..47 (each lane of the 16-byte scanner); only 0x00-0x08, 0x0A-0x1F and 0x7F stop it. */
+static void field_value_rule(const char *impl)
+{
+    char in[64];
+    int ok = 1;
+    for (size_t off = 0; off < 48; off++) {
+        for (unsigned b = 0; b < 256; b++) {
+            memset(in, 'v', sizeof(in));
+            in[off] = (char)b;
+            int bad = (b < 0x20 && b != '\t') || b == 0x7f;
+            char *p = guarded(in, 49);
+            size_t end = bb_field_value_end(p, 49);
+            if (end != (bad ? off : 49)) ok = 0;
+        }
+    }
+    report(ok, impl, "field value rule", "CTL but HTAB, and DEL, at every offset 0..47", NULL);
+    char *p = guarded("", 0);
+    report(bb_field_value_end(p, 0) == 0, impl, "field value rule", "an empty value", NULL);
+}
+
 int main(void)
 {
     page = (size_t)sysconf(_SC_PAGESIZE);
@@ -1061,6 +1082,7 @@ int main(void)
         for (size_t i = 0; i < n_big; i++) test_row(&big_rows[i], impl);
         for (size_t i = 0; i < n_host_rows; i++) test_row(&host_rows[i], impl);
         scanner_offsets(impl);
+        field_value_rule(impl);
     }
     for (size_t i = 0; i < sizeof(crows) / sizeof(crows[0]); i++) test_crow(&crows[i]);
 

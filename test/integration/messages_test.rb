@@ -95,21 +95,29 @@ class MessagesTest < ServerTest
       when "/crlf" then [200, { "x-evil" => "a\r\nInjected: yes" }, ["x"]]
       when "/nul" then [200, { "x-list" => ["fine", "b\0c"] }, ["x"]]
       when "/name" then [200, { "x evil\r\n" => "v" }, ["x"]]
+      when "/esc" then [200, { "x-color" => "\e[31mred" }, ["x"]]
+      when "/soh" then [200, { "x-list" => ["fine", "a\x01b"] }, ["x"]]
+      when "/del" then [200, { "x-del" => "a\x7fb" }, ["x"]]
+      when "/tab" then [200, { "x-tab" => "a\tb", "x-obs" => "caf\xC3\xA9".b }, ["x"]]
       else [200, {}, ["fine"]]
       end
     }
   RU
 
-  # An app's header with CR, LF or NUL in its value: 500, and the log names the header and shows its
-  # value escaped, on one line (the raw bytes would end the log line where the app put a newline).
+  # An app's header with a control byte other than HTAB in its value (CR, LF, NUL, ESC, 0x01, DEL;
+  # RFC 9110 5.5): 500, and the log names the header and shows its value escaped, on one line (the
+  # raw bytes would end the log line where the app put a newline). HTAB and obs-text pass.
   def test_a_bad_header_value_is_logged_with_its_name_and_the_value_escaped
     dir = Dir.mktmpdir("bb-test")
     File.write("#{dir}/bad.ru", BAD_HEADER_APP)
     server = start_server(["-l", "127.0.0.1:0"], app: "#{dir}/bad.ru", dir: dir)
     {
-      "/crlf" => 'invalid value of response header "x-evil": "a\r\nInjected: yes" (CR, LF and NUL are not allowed)',
-      "/nul" => 'invalid value of response header "x-list": "b\u0000c" (CR, LF and NUL are not allowed)',
-      "/name" => 'invalid response header name "x evil\r\n"'
+      "/crlf" => 'invalid value of response header "x-evil": "a\r\nInjected: yes" (control bytes other than HTAB are not allowed)',
+      "/nul" => 'invalid value of response header "x-list": "b\u0000c" (control bytes other than HTAB are not allowed)',
+      "/name" => 'invalid response header name "x evil\r\n"',
+      "/esc" => 'invalid value of response header "x-color": "\e[31mred" (control bytes other than HTAB are not allowed)',
+      "/soh" => 'invalid value of response header "x-list": "a\u0001b" (control bytes other than HTAB are not allowed)',
+      "/del" => 'invalid value of response header "x-del": "a\u007Fb" (control bytes other than HTAB are not allowed)'
     }.each do |path, message|
       io = server.tcp
       assert_equal 500, request(io, "GET", path).status, path
@@ -117,6 +125,10 @@ class MessagesTest < ServerTest
       assert_logged(server, /ERROR invalid response: GET #{path}: ArgumentError: #{Regexp.escape(message)}/)
     end
     refute_match(/^Injected/, server.log)
+    io = server.tcp
+    res = request(io, "GET", "/tab")
+    assert_equal [200, "a\tb"], [res.status, res.headers["x-tab"]], "HTAB stays allowed in a value"
+    io.close
   end
 
   # `blackbuck status` shows sub-millisecond percentiles to the microsecond.

@@ -147,6 +147,25 @@ class RailsAppTest < ServerTest
     nginx&.stop
   end
 
+  # Issue 32: Rails' ShowExceptions rescues the request timeout raised in an action, so Blackbuck saw
+  # an ordinary 500 and kept a worker interrupted anywhere (mid-query). Rails answers it 503 now
+  # (rescue_responses), the log has the backtrace into the action, and the worker is replaced.
+  def test_a_request_timeout_in_an_action_is_503_logged_and_replaces_the_worker
+    server = start_server(["-E", "production", "-l", "127.0.0.1:0", "-t", "1"], app: "#{@app_dir}/config.ru",
+                                                                               workers: 1, dir: @app_dir)
+    old = server.worker_pids
+    assert_equal 1, old.size
+    Net::HTTP.start("127.0.0.1", server.tcp_port, read_timeout: 30) do |http|
+      res = http.get("/slow?t=30")
+      assert_equal "503", res.code, res.body
+    end
+    assert_logged(server, %r{request timeout \(1s\), rescued by the app: GET /slow: Blackbuck::RequestTimeout})
+    assert_logged(server, %r{app/controllers/pages_controller\.rb:\d+:in .*slow}, 10)
+    wait_for(60, "a new worker replaces the one that timed out") { (server.worker_pids - old).any? }
+    wait_for(30, "the old worker exited") { !alive?(old.first) }
+    Net::HTTP.start("127.0.0.1", server.tcp_port) { |http| assert_equal "200", http.get("/json").code }
+  end
+
   def test_boot_error_in_an_initializer_names_its_line
     out, err, status = Open3.capture3({ "BB_BOOM" => "1", "BLACKBUCK_DEBUG" => nil }, RbConfig.ruby, EXE, "-E", "production",
                                       "-l", "127.0.0.1:0", "#{@app_dir}/config.ru")

@@ -18,6 +18,7 @@ class AppPoolTest < Minitest::Test
   class FakeResponse
     def initialize(_config, app, _logger, _hand_over) = @app = app
     def handle(_conn, env) = @app.call(env)
+    def timeout_notice(limit) = Blackbuck::RequestTimeout.new("request ran longer than #{limit}s")
   end
 
   def pool(size, app)
@@ -104,9 +105,9 @@ class AppPoolTest < Minitest::Test
     @pool.push(job(1, { "REQUEST_METHOD" => "GET", "PATH_INFO" => "/slow" }))
     Timeout.timeout(WAIT) { sleep 0.001 until @pool.oldest }
     assert_equal %w[GET /slow], @pool.oldest.drop(1)
-    @pool.time_out_oldest(3600) # not yet
-    @pool.time_out_oldest(0)
-    assert_equal Response::TIMED_OUT_DROP, done(1).first.mode
+    refute @pool.time_out_oldest(3600) # not yet
+    assert @pool.time_out_oldest(0)
+    assert_equal Response::RETIRE_DROP, done(1).first.mode
     assert_nil @pool.oldest
   end
 end

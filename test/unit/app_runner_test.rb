@@ -72,6 +72,7 @@ class AppRunnerTest < Minitest::Test
   class FakeResponse
     def initialize(_config, app, _logger, _hand_over) = @app = app
     def handle(conn, env) = @app.call(conn, env)
+    def timeout_notice(limit) = Blackbuck::RequestTimeout.new("request ran longer than #{limit}s")
   end
 
   def inline(response_answer)
@@ -80,6 +81,7 @@ class AppRunnerTest < Minitest::Test
     @request = FakeRequest.new
     response = Object.new
     response.define_singleton_method(:handle) { |conn, env| response_answer.call(conn, env) }
+    response.define_singleton_method(:timeout_notice) { |limit| Blackbuck::RequestTimeout.new("past #{limit}s") }
     Blackbuck::AppRunner::Inline.new(@worker, @request, response, @gate, 3)
   end
 
@@ -127,7 +129,8 @@ class AppRunnerTest < Minitest::Test
   def test_inline_time_out_raises_only_inside_the_app
     runner = inline(->(_c, _e) { runner.time_out(30) })
     runner.time_out(30) # not in the app: nothing
-    assert_raises(Blackbuck::RequestTimeout) { runner.run(FakeConn.new(7, 0), {}, 0.0) }
+    # in the app: raised there (a Response answers 503 and RETIRE_*; past its rescues, the runner drops the connection)
+    assert_equal Response::RETIRE_DROP, runner.run(FakeConn.new(7, 0), {}, 0.0)
   end
 
   def threads(size, app)
@@ -227,9 +230,9 @@ class AppRunnerTest < Minitest::Test
     assert_equal 0, @gate.frees.last
     runner.run(FakeConn.new(1, 1), {}, 0.0)
     started.pop
-    runner.time_out(0)
+    assert runner.time_out(0), "a notice was sent: the worker retires at once"
     _, _, mode = finished(runner, 1).first
-    assert_equal Response::TIMED_OUT_DROP, mode
+    assert_equal Response::RETIRE_DROP, mode
     runner.tick
     assert_equal [:running, 2, Native::Scoreboard::STOPPING, nil, nil], @gate.calls.last
   end

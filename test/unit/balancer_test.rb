@@ -38,6 +38,7 @@ class BalancerTest < Minitest::Test
     def table = self # (its size)
     def size = @connection_count
     def [](_fd) = nil
+    def values = [] # (no connection: #move_idle moves none)
   end
 
   # AppRunner's side: busy, size, the pool's own room and queue.
@@ -242,6 +243,28 @@ class BalancerTest < Minitest::Test
     @pair[0].write("x")
     assert_equal 1, @poller.wait(100, events)
     assert_equal @pair[1].fileno, events[0]
+  end
+
+  # A retiring worker's idle connections are its siblings' once moved: a thread freed afterwards
+  # (Worker#finished asks for intake again) does not put the hand-off socket back in its poller.
+  def test_a_retiring_worker_never_watches_the_hand_off_socket_again
+    b = balancer(threads: 2)
+    assert_equal 0, b.move_idle
+    b.intake(true)
+    @pair[0].write("x")
+    assert_equal 0, @poller.wait(0, [])
+  end
+
+  # A thread stuck past the timeout: every queued request moves on at once, however briefly it waited.
+  def test_move_queued_moves_every_queued_request_at_once
+    b = balancer(threads: 2)
+    queued = [FakeConn.new(true), FakeConn.new(true)]
+    @runner.queued = queued.dup
+    @runner.busy = 4
+    @runner.oldest_waiting = @worker.woke_at # just now
+    assert_equal 2, b.move_queued
+    assert_equal queued, @worker.dropped
+    assert_equal 2, b.moved_out
   end
 
   def test_nothing_waiting_on_the_hand_off_socket_adopts_nothing

@@ -150,6 +150,7 @@ class ConnectionsTest < Minitest::Test
     def begin_graceful_stop(why) = @stops << why
     def resume_accepting = @resumed += 1
     def last_request(limit) = @stops << "limit #{limit}"
+    def replace(why) = @stops << "replace: #{why}"
   end
 
   def setup(rewatch: false, requests_limit: 0)
@@ -244,10 +245,20 @@ class ConnectionsTest < Minitest::Test
   def test_a_request_timeout_stops_the_worker_and_closes
     conn = FakeConn.new(5)
     @request.script(conn, env)
-    @runner.mode = Response::TIMED_OUT_CLOSE
+    @runner.mode = Response::RETIRE_CLOSE
     @c.take(conn, 10, 42.0)
-    assert_equal ["a request timed out"], @worker.stops
+    assert_equal ["replace: its request timed out or left the process unsafe (logged above)"], @worker.stops
     assert_equal C::LINGER, conn.state
+  end
+
+  # The app rescued the timeout and answered (Rails): the answer goes out, and the worker is replaced.
+  def test_an_answer_after_a_rescued_timeout_is_sent_and_the_worker_replaced
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @runner.mode = Response::RETIRE_WRITTEN
+    @c.take(conn, 10, 42.0)
+    assert_equal 1, @worker.stops.size
+    assert_equal C::IDLE, conn.state # answered: kept as a finished response is (with "Connection: close" from now on)
   end
 
   def test_pipelined_requests_are_served_in_turn_then_yield_to_others

@@ -10,4 +10,5 @@ Rails.application.routes.draw do
   get "events" => "live#events"
   get "cached" => "pages#cached"
   get "boom" => "pages#boom"
+  get "slow" => "pages#slow"
 end

@@ -41,4 +41,11 @@ class PagesController < ApplicationController
   def boom
     raise "boom in an action"
   end
+
+  # Sleeps past the server's request timeout (rails_test: -t 1): Rails' ShowExceptions rescues the
+  # Blackbuck::RequestTimeout raised in here, as it rescues every exception.
+  def slow
+    sleep Float(params[:t] || 30)
+    render plain: "slept"
+  end
 end
