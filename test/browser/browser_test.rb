@@ -312,6 +312,9 @@ class BrowserTest < Minitest::Test
     check_in_browser(base)
     pids = @browser.page.css("#pings li").map { |li| Integer(li.text[/from (\d+)\z/, 1]) }
     assert_empty pids - workers, "the visitor's broadcasts come from the worker of generation 2 that holds its WebSocket"
+    if @redis # Rails 7.2: those broadcasts went through Redis, where a worker's listener is subscribed
+      assert @redis.channels.any? { |c| c.end_with?("pings") }, "a listener on Redis subscribed to pings: #{@redis.channels.inspect}"
+    end
     refute server.process.exited?
   ensure
     http&.finish if http&.started?

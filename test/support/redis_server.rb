@@ -28,6 +28,18 @@ class RedisServer
 
   def log = File.exist?(File.join(@dir, "redis.log")) ? File.read(File.join(@dir, "redis.log")) : ""
 
+  # PUBSUB CHANNELS: the channels some connection is subscribed to now.
+  def channels
+    UNIXSocket.open(@socket) do |s|
+      s.write("PUBSUB CHANNELS\r\n")
+      count = Integer(s.gets[/\A\*(\d+)/, 1])
+      Array.new(count) do
+        len = Integer(s.gets[/\A\$(\d+)/, 1])
+        s.read(len + 2).chomp
+      end
+    end
+  end
+
   def stop
     return unless @pid
 
