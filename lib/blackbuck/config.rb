@@ -98,11 +98,12 @@ module Blackbuck
                                       # coderanges, full GCs until nothing more is promoted, GC.compact, malloc_trim
       before_fork: nil,               # proc(server, worker_index), in the master
       after_fork: nil,                # proc(server, worker_index), in the worker
+      after_refork: nil,              # proc(server), in a mold a worker forked (refork_after), before it forks a worker
       after_worker_exit: nil,         # proc(server, worker_index, Process::Status), in the master
       before_exec: nil                # proc(server), before a re-exec (hot restart)
     }.freeze
 
-    HOOKS = %i[before_fork after_fork after_worker_exit before_exec].freeze
+    HOOKS = %i[before_fork after_fork after_refork after_worker_exit before_exec].freeze
     DEFAULT_FILE = "config/blackbuck.rb" # read when present and no -c FILE is given (like config/puma.rb)
 
     # The default worker count: the CPUs this process may use (its affinity), or fewer when a

@@ -3,6 +3,7 @@
 require "socket"
 require_relative "warmup"
 require_relative "hijacked"
+require_relative "action_cable_refork"
 
 module Blackbuck
   # The app says it can no longer be forked safely (it started a thread, opened a connection that
@@ -33,8 +34,9 @@ module Blackbuck
 
     # In a worker told to become the mold that must not (Blackbuck.no_longer_fork_safe!): the master
     # hears why, and turns reforking off.
-    def self.refuse(line, why)
-      line&.sendmsg("unsafe #{Process.pid} #{why.to_s.tr("\n", ' ').byteslice(0, 400)}", 0)
+    # pid: the worker (a mold whose after_refork raised names the worker that forked it).
+    def self.refuse(line, why, pid: Process.pid)
+      line&.sendmsg("unsafe #{pid} #{why.to_s.tr("\n", ' ').byteslice(0, 400)}", 0)
     rescue IOError, SystemCallError
       nil
     end
@@ -76,6 +78,7 @@ module Blackbuck
       %i[USR1 USR2 URG HUP TTIN TTOU].each { |sig| trap(sig, "IGNORE") }
       trap(:CHLD, "DEFAULT")
       $0 = @index ? "blackbuck mold (was worker #{@index})" : "blackbuck mold (booted the app)"
+      forgotten = forget_the_workers_state if @ready
       prepared = prepare_heap
       @socket, theirs = Socket.pair(:UNIX, :SEQPACKET)
       # "mold PID [WORKER_PID INDEX]": the worker that forked it, if any (it may be reaped already
@@ -83,7 +86,7 @@ module Blackbuck
       @line.sendmsg("mold #{Process.pid}#{" #{Process.ppid} #{@index}" if @ready}", 0, nil,
                     Socket::AncillaryData.unix_rights(theirs))
       theirs.close
-      @logger.info("mold (pid #{Process.pid}) ready#{prepared}" \
+      @logger.info("mold (pid #{Process.pid}) ready#{forgotten}#{prepared}" \
                    "#{"; closed its copies of #{@closed} connections the app took over (they stay the worker's)" if @closed&.positive?}")
       @ready&.close # the worker that forked it may exit now
       serve
@@ -94,6 +97,22 @@ module Blackbuck
     end
 
     private
+
+    # In a mold a worker forked: what the worker started that its threads ran is dropped before any
+    # worker is forked (the threads did not come along): Action Cable's server parts
+    # (ActionCableRefork), then the app's own after_refork. An after_refork that raises ends this
+    # mold and reforking (as Blackbuck.no_longer_fork_safe! does): the master says why, and its
+    # workers go on forking from the mold they had. Returns the part of the ready line that says so.
+    def forget_the_workers_state
+      cable = ActionCableRefork.reset
+      begin
+        @config[:after_refork]&.call(@server)
+      rescue StandardError => e
+        Mold.refuse(@line, "after_refork raised #{e.class}: #{e.message.lines.first&.chomp}", pid: Process.ppid)
+        raise
+      end
+      "#{'; Action Cable reset' if cable}#{'; after_refork run' if @config[:after_refork]}"
+    end
 
     # Warm pages are shared only if they stay unwritten: the GC step (gc_before_fork) makes the
     # survivors old first, as the master does before its first fork, but does not compact: moving

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../test_helper"
+require_relative "../support/redis_server"
 require "etc"
 require "net/http"
 require "shellwords"
@@ -34,16 +35,11 @@ class BrowserTest < Minitest::Test
   # (in the web worker), Solid Queue in Rails 8 (bin/jobs, which Blackbuck's master runs as a child
   # when SOLID_QUEUE_IN_PUMA is set, as Kamal's config/deploy.yml sets it).
   PRODUCTION_JOBS = GeneratedApp.rails8? ? "solid_queue" : "async"
-  # Reforking a Rails 8 app: Solid Cable (its production Action Cable adapter) starts a listener
-  # thread at a worker's first subscription and a writer thread at its first broadcast. The worker
-  # that forks the mold has them, the mold's workers inherit the adapter without its threads, and
-  # their subscribers never get a broadcast (what DEPLOY.md's Reforking section warns of: "a thread ...
-  # the same after_fork applies"). This after_fork lets each worker build its own adapter; it is
-  # not in DEPLOY.md yet (Action Cable has no public call for it), so the suite adds it.
-  SOLID_CABLE_AFTER_FORK = (<<~RUBY if GeneratedApp.rails8?)
-    # Solid Cable's threads do not survive a refork: a new adapter in each worker
-    after_fork { |_server, _index| ActionCable.server.instance_variable_set(:@pubsub, nil) }
-  RUBY
+  # Action Cable's production adapter as generated: Redis in Rails 7.2 (a redis-server of each
+  # test's own, REDIS_URL), Solid Cable in Rails 8. Both run listener threads in the worker that
+  # forks a mold; the reforks below run with DEPLOY.md's config alone (Blackbuck resets Action Cable
+  # in the mold).
+  REDIS = !GeneratedApp.rails8?
 
   # The app is generated once per run (about 20 s), in a directory nginx's www-data may traverse.
   # A generation that failed fails every test with its error, without trying again.
@@ -66,6 +62,7 @@ class BrowserTest < Minitest::Test
     @run = Dir.mktmpdir("run", File.dirname(@app.dir)) # stands for /run
     File.chmod(0o711, @run)
     @stoppable = []
+    @redis = RedisServer.new if REDIS
     @browser = Chromium.new(Dir.mktmpdir("downloads", @run))
     @stoppable << @browser
   end
@@ -77,6 +74,7 @@ class BrowserTest < Minitest::Test
       log = [log, s.log].max_by(&:size) if log # the server's goes on to its exit
       warn "\n--- #{s.class} log (#{name}) ---\n#{log}--- end ---" if log
     end
+    @redis&.stop
     FileUtils.rm_f(@app.path("config/blackbuck.rb")) if @app
     FileUtils.rm_rf(@run) if @run
   end
@@ -240,15 +238,14 @@ class BrowserTest < Minitest::Test
   private
 
   # config/blackbuck.rb: DEPLOY.md's "Memory" examples, the warm-up's (with this app's paths and
-  # model for the doc's /posts and Menu) and the reforking one, as written; after `before` if given;
-  # for Rails 8, SOLID_CABLE_AFTER_FORK.
+  # model for the doc's /posts and Menu) and the reforking one, as written; after `before` if given.
   def write_memory_config(before = nil)
     warmup = DOCS.block("docs/DEPLOY.md", section: /Warm-up before fork/, lang: "ruby", containing: "warmup")
                  .sub('warmup "/", "/posts", "/posts.json"', 'warmup "/demo", "/notes", "/notes.json"')
                  .sub("Menu.build", "Note.count")
     refork = DOCS.block("docs/DEPLOY.md", section: /Reforking/, lang: "ruby", containing: "refork_after")
     assert_match(/^refork_after 50, 100, 1000\b/, refork.text, "the counts this test drives the server through")
-    File.write(@app.path("config/blackbuck.rb"), [before, warmup, refork, SOLID_CABLE_AFTER_FORK].compact.join("\n"))
+    File.write(@app.path("config/blackbuck.rb"), [before, warmup, refork].compact.join("\n"))
   end
 
   # The status listener's flag of DEPLOY.md's "Status and metrics" command, on port.
@@ -319,6 +316,9 @@ class BrowserTest < Minitest::Test
     check_in_browser(base)
     pids = @browser.page.css("#pings li").map { |li| Integer(li.text[/from (\d+)\z/, 1]) }
     assert_empty pids - workers, "the visitor's broadcasts come from the worker of generation 2 that holds its WebSocket"
+    if @redis # Rails 7.2: those broadcasts went through Redis, where a worker's listener is subscribed
+      assert @redis.channels.any? { |c| c.end_with?("pings") }, "a listener on Redis subscribed to pings: #{@redis.channels.inspect}"
+    end
     refute server.process.exited?
   ensure
     http&.finish if http&.started?
@@ -344,7 +344,8 @@ class BrowserTest < Minitest::Test
       "the suite's gem directory (BUNDLE_PATH; bin/setup installs gemfiles/browser.gemfile or browser8.gemfile, rake test:browser names it)" => GeneratedApp.gems_installed?,
       "nginx (apt-get install nginx-light)" => NginxSite.available?,
       "HAProxy (apt-get install haproxy)" => HAProxyProcess.available?,
-      "root (nginx's `user www-data;`, a socket given to group www-data)" => Process.uid.zero?
+      "root (nginx's `user www-data;`, a socket given to group www-data)" => Process.uid.zero?,
+      "redis-server (apt-get install redis-server; Rails 7.2's Action Cable in production)" => !REDIS || RedisServer.available?
     }.each do |what, present|
       next if present
 
@@ -374,7 +375,8 @@ class BrowserTest < Minitest::Test
     vars = words.take_while { |w| w.match?(/\A\w+=/) }.to_h { |w| w.split("=", 2) }
     cmd = words.drop(vars.size)
     cmd[0] = @app.path("bin/blackbuck") if cmd[0] == "blackbuck" # the binstub `bundle binstubs blackbuck` made
-    full_env = (env["RAILS_ENV"] == "development" ? {} : @app.production_env).merge("WEB_CONCURRENCY" => WORKERS.to_s, **vars, **env)
+    production = @app.production_env.merge(@redis ? { "REDIS_URL" => @redis.url } : {})
+    full_env = (env["RAILS_ENV"] == "development" ? {} : production).merge("WEB_CONCURRENCY" => WORKERS.to_s, **vars, **env)
     # -w N; else WORKERS ($WEB_CONCURRENCY); without it, development's one
     workers = cmd.each_cons(2).find { |flag, _| flag == "-w" }&.last&.to_i || (full_env["WEB_CONCURRENCY"] ? WORKERS : 1)
     server = AppServer.new(@app, [*cmd, *args], env: full_env, workers: workers, name: "server-#{name}")

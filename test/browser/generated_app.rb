@@ -11,7 +11,9 @@ require "yaml"
 # deploy does (database prepared, assets precompiled). Nothing generated is kept in git.
 # The Rails version is the suite's (the gemfile rake test:browser chose):
 # - Rails 7.2: importmap, Turbo, Stimulus, Sprockets, SQLite; Action Cable's production adapter is
-#   Redis and force_ssl is on, so two edits (#configure_production); jobs on the async adapter.
+#   Redis (cable.yml as generated, REDIS_URL from the suite's redis-server), so the Gemfile's
+#   commented `gem "redis"` is enabled as Rails' guide says; force_ssl is on, so one edit
+#   (#configure_production); jobs on the async adapter.
 # - Rails 8: importmap, Turbo, Stimulus, Propshaft, Solid Cache, Solid Queue and Solid Cable on
 #   SQLite, Thruster, Kamal's files; production runs as generated (force_ssl is commented out,
 #   cable.yml uses Solid Cable), with the master key a Kamal deploy passes in RAILS_MASTER_KEY.
@@ -100,6 +102,9 @@ class GeneratedApp
     # Rails adds error_highlight for Ruby < 3.2, but Ruby 3.1 loads its own copy before Bundler
     # runs and Bundler 2.3 (Debian 12's) cannot swap a default gem: every bin/rails would stop.
     gemfile = gemfile.lines.reject { |l| l.include?('gem "error_highlight"') }.join
+    # "Use Redis adapter to run Action Cable in production": the line Rails writes commented out
+    gemfile = gemfile.sub(/^# (gem "redis".*)$/, '\1')
+    raise "the generated Gemfile has no gem \"redis\" line to enable:\n#{gemfile}" unless gemfile.match?(/^gem "redis"/)
     File.write(path("Gemfile"), "#{gemfile}\ngem \"blackbuck\", path: #{ROOT.inspect}\n")
     run("bundle", "config", "set", "--local", "path", GEM_DIR)
     run("bundle", "install", "--local", "--quiet")
@@ -122,14 +127,11 @@ class GeneratedApp
     @download_sha256 = Digest::SHA256.hexdigest(data)
   end
 
-  # Two edits a user without TLS and without Redis makes to run the default Rails 7.2 app in
-  # production (Rails 8 needs neither).
+  # The edit a user without TLS makes to run the default Rails 7.2 app in production (Rails 8
+  # needs none). cable.yml stays as generated: Redis at REDIS_URL.
   def configure_production
     edit("config/environments/production.rb", /^  config\.force_ssl = true$/) do
       "  # The suite's nginx and HAProxy speak plain HTTP (no certificate): no redirect to https.\n  config.force_ssl = false"
-    end
-    edit("config/cable.yml", /^production:\n(  .*\n)+/) do
-      "production:\n  # No Redis here: the in-process adapter (a broadcast reaches the subscribers of its own worker).\n  adapter: async\n"
     end
   end
 

@@ -113,6 +113,7 @@ class ConfigTest < Minitest::Test
       [:unix_socket_mode, "999"] => /unix_socket_mode must be an octal file mode/,
       [:max_headers, 5000] => /max_headers must be an integer 1\.\.1000/,
       [:before_fork, 3] => /before_fork must be a block or a Proc/,
+      [:after_refork, nil] => /after_refork must be a block or a Proc/,
       [:nonsense, 1] => /unknown setting nonsense/
     }.each do |(k, v), pattern|
       err = assert_raises(Blackbuck::ConfigError) { config.set(k, v) }
