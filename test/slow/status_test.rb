@@ -6,11 +6,11 @@ require "open3"
 
 # The status listener (--stats-listen): GET /status, GET /metrics, and `blackbuck status`.
 class StatusTest < ServerTest
-  def start_with_status(*args, workers: 2, app: "kitchen.ru")
+  def start_with_status(*args, workers: 2, app: "kitchen.ru", env: {})
     dir = Dir.mktmpdir("bb-test")
     @stats = "#{dir}/status.sock"
     server = start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{@stats}",
-                           *args], dir: dir, app: app, workers: workers)
+                           *args], dir: dir, app: app, workers: workers, env: env)
     assert_match(/status listening on unix:#{Regexp.escape(@stats)}/, server.log)
     server
   end
@@ -126,18 +126,21 @@ class StatusTest < ServerTest
     waiting&.each(&:close)
   end
 
+  # The request stays in the app (gate.ru) until the command has printed: however long the
+  # command takes to start, it sees one worker busy.
   def test_status_command_prints_a_table_and_json
-    server = start_with_status(workers: 2)
+    gates = Dir.mktmpdir("bb-gates")
+    server = start_with_status(workers: 2, app: "gate.ru", env: { "BB_GATE_DIR" => gates })
     busy = server.tcp
-    busy.write("GET /sleep?t=2 HTTP/1.1\r\nHost: x\r\n\r\n")
-    wait_for { status["totals"]["busy"] == 1 }
+    busy.write("GET /gate?name=table HTTP/1.1\r\nHost: x\r\n\r\n")
+    wait_for { status["totals"].values_at("busy", "idle") == [1, 1] }
 
     out, err, st = Open3.capture3(RbConfig.ruby, EXE, "status", "unix:#{@stats}")
     assert st.success?, err
     assert_match(/master pid #{server.pid}/, out)
     assert_match(/workers 2 \(busy 1, idle 1\)/, out)
     assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+CURRENT\s+RUNNING/, out)
-    assert_match(%r{^\d+\s+\d+\s+busy\s+\d+\s+\d+\s+GET /sleep\s+\d+\.\d{3}s}, out)
+    assert_match(%r{^\d+\s+\d+\s+busy\s+\d+\s+\d+\s+GET /gate\s+\d+\.\d{3}s}, out)
     assert_match(/^\d+\s+\d+\s+idle\s/, out)
     assert_match(/^LISTENER\s+QUEUED\s+BACKLOG$/, out)
     assert_match(%r{^http://127\.0\.0\.1:\d+\s+\d+\s+\d+$}, out)
@@ -145,7 +148,10 @@ class StatusTest < ServerTest
     out, err, st = Open3.capture3(RbConfig.ruby, EXE, "status", "--json", "unix:#{@stats}")
     assert st.success?, err
     assert_equal server.pid, JSON.parse(out)["pid"]
+    File.write(File.join(gates, "table"), "")
+    assert_equal 200, read_response(busy).status
   ensure
+    File.write(File.join(gates, "table"), "") if gates && Dir.exist?(gates)
     busy&.close
   end
 
@@ -259,15 +265,14 @@ class StatusTest < ServerTest
       peer = Thread.new do
         conn = listener.accept
         conn.readpartial(4096)
-        conn.write(answer) # and keep the connection open: the client must decide without EOF
-        sleep 3
+        conn.write(answer) # and keep the connection open until the command has exited: it must decide
+        # without EOF (a client that waited for it would end with "no answer within 5s" instead)
       end
       addr = "127.0.0.1:#{listener.addr[1]}"
-      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       out, err, st = status_command(addr)
       assert_equal [1, ""], [st.exitstatus, out], answer
       assert_equal "blackbuck status: #{addr} is not a Blackbuck status listener (#{reason})\n", err
-      assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :<, 2.5, "decided without waiting for EOF"
+      peer.join
     ensure
       peer&.kill&.join
       conn&.close
@@ -333,9 +338,10 @@ class StatusTest < ServerTest
   def test_a_slow_status_client_does_not_stall_the_master
     server = start_with_status(workers: 1)
     silent = UNIXSocket.new(@stats) # connects and never sends
-    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     assert_equal 200, stats_get("/status")[0]
-    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :<, 2
+    # answered while the master still holds the silent connection (a master that waited on it
+    # would have answered only after giving up on it, at its read deadline)
+    assert_nil silent.wait_readable(0), "the silent connection was still open when /status was answered"
     assert_equal 200, request(server.tcp, "GET", "/hello").status
     assert closed_by_peer?(silent), "the master gave up on the silent client"
   ensure
@@ -359,12 +365,12 @@ class StatusTest < ServerTest
 
   IDLE_CLIENTS = 1_000 # status connections that connect and send nothing
   SLOW_CLIENTS = 20    # status connections that trickle a request head that never completes
-  PROBES = 10          # GET /live probes measured, each on a fresh connection
-  # seconds a probe may take. The issue's target is 50 ms; measured on 2 cores (2026-11-25): 0.1-13 ms,
-  # at most 33 ms with two CPU hogs beside the test. The bound is looser so a shared CI machine does
-  # not flake, and still far below the old listener (1.7 s behind 10 idle connections, no answer
-  # within 5 s behind 1,000) and Kubernetes' 1 s probe timeout.
-  PROBE_BOUND = 0.5
+  PROBES = 10          # GET /live probes, each on a fresh connection
+  # seconds a probe is waited for before the test fails: generous (a loaded machine), and far below
+  # what the old listener took behind 1,000 idle connections (0.2 s each, in turn). How fast a probe
+  # is answered is a performance goal (the issue's 50 ms), not something a test asserts: what the
+  # tests assert is the state, the probes answered while every idle and slow connection is still held.
+  PROBE_WAIT = 30
 
   # The status listener on TCP 127.0.0.1 (what a Kubernetes probe uses); [server, port].
   def start_with_tcp_status(workers: 1)
@@ -373,10 +379,9 @@ class StatusTest < ServerTest
     [server, port]
   end
 
-  # GET /live on a fresh connection; the seconds from connect to the whole answer (the listener
-  # closes after it). Read with a plain wait, not Timeout (a thread per call), so the time is
-  # the server's, not the test's.
-  def timed_probe(port, timeout: 5)
+  # GET /live on a fresh connection, its whole answer (the listener closes after it) waited for up to
+  # timeout seconds. Read with a plain wait, not Timeout (a thread per call).
+  def live_probe(port, timeout: PROBE_WAIT)
     t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     io = TCPSocket.new("127.0.0.1", port)
     io.write("GET /live HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -387,9 +392,7 @@ class StatusTest < ServerTest
       left = t + timeout - Process.clock_gettime(Process::CLOCK_MONOTONIC)
       flunk "GET /live: no answer within #{timeout} s" unless left.positive? && io.wait_readable(left)
     end
-    took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
     assert_match(%r{\AHTTP/1\.1 200 OK\r\n.*\r\n\r\nlive\n\z}m, answer, "GET /live")
-    took
   ensure
     io&.close
   end
@@ -422,11 +425,10 @@ class StatusTest < ServerTest
       end
       wait_for { socket_fds(server.pid) >= held + IDLE_CLIENTS + SLOW_CLIENTS }
 
-      took = Array.new(PROBES) { timed_probe(port) }
+      PROBES.times { live_probe(port) }
 
       assert_operator socket_fds(server.pid), :>=, held + IDLE_CLIENTS + SLOW_CLIENTS,
                       "the master still held every idle and slow connection after the probes"
-      assert_operator took.max, :<, PROBE_BOUND, "GET /live took #{took.map { |t| (t * 1000).round(1) }} ms"
       # Each is closed at its read deadline; none answered (no request head came).
       wait_for { socket_fds(server.pid) <= held }
       assert closed_by_peer?(idle.first)
@@ -449,8 +451,7 @@ class StatusTest < ServerTest
       idle = Array.new(cap + 100) { TCPSocket.new("127.0.0.1", port) }
       wait_for { closed_by_peer?(idle[99], timeout: 0.05) }
       assert_equal held + cap, socket_fds(server.pid), "the master holds MAX_CLIENTS status connections"
-      took = Array.new(PROBES) { timed_probe(port) }
-      assert_operator took.max, :<, PROBE_BOUND, "GET /live took #{took.map { |t| (t * 1000).round(1) }} ms"
+      PROBES.times { live_probe(port) }
       assert closed_by_peer?(idle.first), "the oldest was closed to make room"
     ensure
       idle&.each(&:close)
