@@ -280,7 +280,7 @@ module Blackbuck
       when Response::CLOSE then close(conn)
       when Response::DROP then drop(conn)
       when Response::TIMED_OUT_CLOSE, Response::TIMED_OUT_DROP
-        @worker.begin_graceful_stop("a request timed out")
+        @worker.begin_graceful_stop("a request timed out", :timeout)
         mode == Response::TIMED_OUT_CLOSE ? close(conn) : drop(conn)
       end
       false # HIJACKED: the app's now (#hand_over)

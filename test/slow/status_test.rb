@@ -94,6 +94,71 @@ class StatusTest < ServerTest
     busy&.close
   end
 
+  # Issue 32, item 10: /metrics has what /status has (memory per role, refork generation, worker exits
+  # by why, build info), from the same snapshot, and the percentiles never exceed the slowest request.
+  def test_metrics_carry_memory_generation_exits_and_build_info_as_status_does
+    server = start_with_status("--max-requests-per-child", "1", workers: 2)
+    2.times { |i| assert_equal 200, fresh_get(server).status, "request #{i + 1}" }
+    wait_for { status["worker_exits"]["recycle"] == 2 } # a worker recycles after each request
+    victim = status["workers"].first["pid"]
+    Process.kill(:KILL, victim)
+    wait_for { status["worker_exits"]["crash"] == 1 }
+    wait_for { status["workers"].count { |w| w["state"] == "idle" } == 2 }
+    Process.kill(:TTOU, server.pid)
+    snap = wait_for { (s = status)["worker_exits"]["ttou"] == 1 && s["workers"].size == 1 && s }
+
+    assert_equal({ "crash" => 1, "timeout" => 0, "recycle" => 2, "memory" => 0, "ttou" => 1, "refork" => 0,
+                   "other" => 0 }, snap["worker_exits"])
+    m = parse_prometheus(stats_get("/metrics")[1])
+    assert_equal({ '{reason="crash"}' => 1.0, '{reason="timeout"}' => 0.0, '{reason="recycle"}' => 2.0,
+                   '{reason="memory"}' => 0.0, '{reason="ttou"}' => 1.0, '{reason="refork"}' => 0.0,
+                   '{reason="other"}' => 0.0 }, m["blackbuck_worker_exits_total"])
+    assert_equal({ %({version="#{snap['version']}",ruby="#{snap['ruby']}"}) => 1.0 }, m["blackbuck_build_info"])
+    assert_equal RUBY_VERSION, snap["ruby"]
+    assert_equal({ "" => 0.0 }, m["blackbuck_refork_generation"])
+    assert_equal 0, snap["refork"]["generation"]
+    %w[uss pss].each do |kind|
+      samples = m["blackbuck_memory_#{kind}_bytes"]
+      assert_equal ['{role="master"}', '{role="worker"}'], samples.keys.sort, kind
+      samples.each { |role, bytes| assert_operator bytes, :>, 1024 * 1024, "#{kind} #{role}: a Ruby process has MiBs" }
+    end
+    text = stats_get("/metrics")[1]
+    assert_match(/^# TYPE blackbuck_worker_exits_total counter$/, text)
+    assert_match(/^# TYPE blackbuck_memory_uss_bytes gauge$/, text)
+  end
+
+  # A worker whose request ran past --timeout retires after the 503 (or is killed): a timeout, in
+  # /status and /metrics, not a crash or a recycle.
+  def test_a_worker_replaced_after_a_request_timeout_counts_as_a_timeout
+    server = start_with_status("--timeout", "1", workers: 1)
+    slow = server.tcp
+    slow.write("GET /sleep?t=5 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_equal 503, read_response(slow).status, "the request timeout cut it"
+    snap = wait_for { (s = status)["worker_exits"]["timeout"] == 1 && s }
+    assert_equal 0, snap["worker_exits"].except("timeout").values.sum, snap["worker_exits"].inspect
+    assert_equal 1.0, parse_prometheus(stats_get("/metrics")[1])["blackbuck_worker_exits_total"]['{reason="timeout"}']
+  ensure
+    slow&.close
+  end
+
+  # A histogram's bucket holds requests up to its bound: interpolating in it read one 0.3 s request
+  # (bucket 0.25-0.5 s) as a p99 of 0.4975 s (issue 32: 8.2 s for requests whose slowest took 5 s).
+  def test_percentiles_never_exceed_the_slowest_request
+    server = start_with_status(workers: 1)
+    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    res = request(server.tcp, "GET", "/sleep?t=0.3")
+    slowest = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t # the server's own measure is within it
+    assert_equal 200, res.status
+    recent = wait_for { (s = status)["recent"]["requests"] == 1 && s["recent"] }
+    assert_operator recent["duration"]["p99"], :>=, 0.3
+    assert_operator recent["duration"]["p99"], :<=, slowest, "p99 above the slowest request"
+    assert_operator recent["duration"]["p50"], :<=, slowest
+    out, err, st = status_command("unix:#{@stats}")
+    assert st.success?, err
+    p99 = Float(out[/app p50 \S+ p99 ([\d.]+)ms/, 1]) / 1000
+    assert_operator p99, :<=, slowest.round(4) + 0.0001, "blackbuck status: #{out.lines[1]}"
+  end
+
   def test_unknown_paths_are_404_and_the_app_is_not_on_the_status_listener
     start_with_status(workers: 1)
     assert_equal 404, stats_get("/hello")[0]
