@@ -102,13 +102,14 @@ class FileBodyTest < ServerTest
     worker = server.worker_pids.first
     path, digest = make_file("huge.bin", HUGE)
     io = stalled_request(server, "/rails?name=huge.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
-    assert_fresh_request_served(server, behind: "a stalled reader of a 64 MiB file")
+    wait_for(30) { fd_links(worker).include?(path) }
+    sending = -> { fd_links(worker).include?(path) } # the worker still holds the file: the download is not over
+    assert_fresh_request_served(server, behind: "a stalled reader of a 64 MiB file", held: sending)
     assert_empty Dir.children(@tmp), "nothing spilled to $TMPDIR"
     assert_includes fd_links(worker), path, "the worker sends from the file itself"
 
     status, headers, got, size = read_framed(io, pace: 0.001) do
-      assert_fresh_request_served(server, behind: "a slow reader of a 64 MiB file")
+      assert_fresh_request_served(server, behind: "a slow reader of a 64 MiB file", held: sending)
     end
     assert_equal [200, HUGE.to_s, HUGE, digest], [status, headers["content-length"], size, got]
     wait_for(5) { !fd_links(worker).include?(path) }
@@ -145,8 +146,8 @@ class FileBodyTest < ServerTest
     path, = make_file("shrinks.bin", 32 * MIB)
     original = File.binread(path)
     io = stalled_request(server, "/path?name=shrinks.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
-    sleep 0.2
+    wait_for(30) { fd_links(worker).include?(path) }
+    assert io.wait_readable(30), "the download has begun"
     File.truncate(path, MIB)
     head, body = read_until_closed(io)
     assert_match(/\AHTTP\/1.1 200 OK\r\n/, head)
@@ -206,7 +207,7 @@ class FileBodyTest < ServerTest
     started = now
     wait_for(5) { fd_links(worker).include?(path) }
     assert_equal baseline + 2, fd_links(worker).size, "the stalled client's socket and the file"
-    wait_for(10) { fd_links(worker).size == baseline }
+    wait_for(30) { fd_links(worker).size == baseline }
     assert_operator now - started, :>=, 1.3, "dropped by write_timeout (1.5 s), not before"
     refute_includes fd_links(worker), path
     assert_operator read_all(stalled).bytesize, :<, HUGE, "dropped: it cannot have the whole file"
