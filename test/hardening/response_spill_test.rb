@@ -198,7 +198,7 @@ class ResponseSpillHardeningTest < ServerTest
   # answered only once that client reads again, and the client gets every byte in order.
   def check_fallback_keeps_bytes(server)
     io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
-    sleep 0.3
+    assert io.wait_readable(30), "the response has begun"
     fresh_elapsed = nil
     fresh = Thread.new { fresh_elapsed = timed_fresh_request(server, timeout: 20) }
     sleep 1.5
