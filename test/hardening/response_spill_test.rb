@@ -31,12 +31,12 @@ class ResponseSpillHardeningTest < ServerTest
     stats = File.join(Dir.mktmpdir("bb-stats"), "status.sock")
     server = spill_server(["--write-timeout", "5", "--stats-listen", "unix:#{stats}"])
     io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
-    spilled = wait_for(5) { (n = stats_json(stats)["workers"].first["spill_bytes"]).positive? && n }
+    spilled = wait_for(15) { (n = stats_json(stats)["workers"].first["spill_bytes"]).positive? && n }
     assert_operator spilled, :>, 8 * 1024 * 1024, "most of the 16 MiB body waits in the spill file"
     assert_equal spilled, stats_json(stats)["totals"]["spill_bytes"]
     assert_match(/^blackbuck_spill_bytes\{worker="0"\} [1-9]\d*$/, stats_get(stats, "/metrics"))
     assert_equal STREAM_PARTS * PART_BYTES, read_framed(io)[3]
-    wait_for(5) { stats_json(stats)["workers"].first["spill_bytes"].zero? }
+    wait_for(15) { stats_json(stats)["workers"].first["spill_bytes"].zero? }
     assert_match(/^blackbuck_spill_bytes\{worker="0"\} 0$/, stats_get(stats, "/metrics"))
   ensure
     io&.close
@@ -88,7 +88,7 @@ class ResponseSpillHardeningTest < ServerTest
     assert_equal (ARRAY_PARTS * PART_BYTES).to_s, headers["content-length"]
     assert_equal ARRAY_PARTS * PART_BYTES, size
     assert_equal expected_digest(ARRAY_PARTS), digest, "the Array body arrived byte for byte"
-    wait_for(5) { spill_files(server, worker).empty? }
+    wait_for(15) { spill_files(server, worker).empty? }
     assert_equal 200, request(io, "GET", "/hello")&.status, "the connection is kept alive after it"
   ensure
     reader&.kill
@@ -188,7 +188,7 @@ class ResponseSpillHardeningTest < ServerTest
     assert_equal "chunked", headers["transfer-encoding"]
     assert_equal STREAM_PARTS * PART_BYTES, size
     assert_equal expected_digest(STREAM_PARTS), digest, "the streamed body arrived byte for byte"
-    wait_for(5) { spill_files(server, worker).empty? }
+    wait_for(15) { spill_files(server, worker).empty? }
     assert_equal 200, request(io, "GET", "/hello")&.status, "the connection is kept alive after it"
   ensure
     io&.close

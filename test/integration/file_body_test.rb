@@ -112,7 +112,7 @@ class FileBodyTest < ServerTest
       assert_fresh_request_served(server, behind: "a slow reader of a 64 MiB file", held: sending)
     end
     assert_equal [200, HUGE.to_s, HUGE, digest], [status, headers["content-length"], size, got]
-    wait_for(5) { !fd_links(worker).include?(path) }
+    wait_for(15) { !fd_links(worker).include?(path) }
     assert_equal 200, request(io, "GET", "/hello")&.status, "kept alive after the download"
   ensure
     io&.close
@@ -154,9 +154,9 @@ class FileBodyTest < ServerTest
     assert_match(/^Content-Length: #{32 * MIB}\r$/, head)
     assert_operator body.bytesize, :<, 32 * MIB, "the connection closed short of the promised length"
     assert_equal original.byteslice(0, body.bytesize), body, "what was sent is the file's bytes, not padding"
-    wait_for(5) { server.log.include?("a file body ended at byte") }
+    wait_for(15) { server.log.include?("a file body ended at byte") }
     assert_match(/WARN a file body ended at byte \d+ of the #{32 * MIB} promised .*: connection closed/, server.log)
-    wait_for(5) { !fd_links(worker).include?(path) }
+    wait_for(15) { !fd_links(worker).include?(path) }
     assert_fresh_request_served(server, behind: "a truncated download")
   ensure
     io&.close
@@ -169,7 +169,7 @@ class FileBodyTest < ServerTest
     worker = server.worker_pids.first
     path, digest = make_file("grows.bin", 16 * MIB)
     io = stalled_request(server, "/files/grows.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
+    wait_for(15) { fd_links(worker).include?(path) }
     File.open(path, "ab") { |f| f.write("x" * MIB) }
     status, headers, got, size = read_framed(io)
     assert_equal [200, (16 * MIB).to_s, 16 * MIB, digest], [status, headers["content-length"], size, got]
@@ -195,17 +195,17 @@ class FileBodyTest < ServerTest
       assert_equal BIG.to_s, request(io, "HEAD", "/files/big.bin")["content-length"]
       io.close
     end
-    wait_for(5) { fd_links(worker).size == baseline }
+    wait_for(15) { fd_links(worker).size == baseline }
 
     aborted = stalled_request(server, "/files/huge.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
+    wait_for(15) { fd_links(worker).include?(path) }
     aborted.readpartial(65_536)
     aborted.close # mid-way, unread bytes and all
-    wait_for(5) { fd_links(worker).size == baseline }
+    wait_for(15) { fd_links(worker).size == baseline }
 
     stalled = stalled_request(server, "/rails?name=huge.bin")
     started = now
-    wait_for(5) { fd_links(worker).include?(path) }
+    wait_for(15) { fd_links(worker).include?(path) }
     assert_equal baseline + 2, fd_links(worker).size, "the stalled client's socket and the file"
     wait_for(30) { fd_links(worker).size == baseline }
     assert_operator now - started, :>=, 1.3, "dropped by write_timeout (1.5 s), not before"
@@ -243,7 +243,7 @@ class FileBodyTest < ServerTest
     res = request(tcp = server.tcp, "GET", "/x-accel?uri=/protected/big.bin")
     tcp.close
     assert_equal ["/protected/big.bin", "0", ""], [res["x-accel-redirect"], res["content-length"], res.body]
-    wait_for(5) { server.log.scan(/ERROR X-Sendfile/).size == 3 }
+    wait_for(15) { server.log.scan(/ERROR X-Sendfile/).size == 3 }
     assert_match(/ERROR X-Sendfile #{Regexp.escape(missing)}: No such file or directory: 404 for GET \/x-sendfile$/, server.log)
     assert_match(/ERROR X-Sendfile #{Regexp.escape(@files)}: not a regular file: 404/, server.log)
     assert_match(/ERROR X-Sendfile "files\/big.bin" is not an absolute path: refused: GET \/x-sendfile$/, server.log)
@@ -301,7 +301,7 @@ class FileBodyTest < ServerTest
       refute_includes res.body, "secret", uri
       io.close
     end
-    wait_for(5) { server.log.scan(/ERROR X-Accel-Redirect .*: refused/).size == refused.size }
+    wait_for(15) { server.log.scan(/ERROR X-Accel-Redirect .*: refused/).size == refused.size }
     assert_match(/ERROR X-Accel-Redirect "\/elsewhere\/big.bin" is outside every x_accel_mapping: refused/, server.log)
     res = request(io = server.tcp, "GET", "/x-sendfile?path=#{q(path)}")
     assert_equal [path, ""], [res["x-sendfile"], res.body], "X-Sendfile passes through when only the mapping is set"

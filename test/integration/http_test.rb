@@ -75,7 +75,7 @@ class HTTPTest < ServerTest
   # for an empty Array (the head went out and the body never did).
   def test_body_whose_to_ary_answers_nil_is_streamed
     io = @server.tcp
-    res = Timeout.timeout(3) { request(io, "GET", "/nil-to-ary") }
+    res = Timeout.timeout(15) { request(io, "GET", "/nil-to-ary") }
     assert_equal 302, res.status
     assert_equal "movedhere", res.body
     assert_equal 200, request(io, "GET", "/hello").status, "keep-alive after it"

@@ -67,7 +67,7 @@ class LifecycleTest < ServerTest
   def test_a_second_term_ends_the_delay_at_once
     server = start_with_status(["--shutdown-delay", "30"])
     server.signal(:TERM)
-    wait_for(5) { server.log.include?("TERM: not ready") }
+    wait_for(15) { server.log.include?("TERM: not ready") }
     server.signal(:TERM)
     assert server.wait_exit(10)&.success?, "the second TERM began the graceful stop"
   end
@@ -190,7 +190,7 @@ class LifecycleTest < ServerTest
   ensure
     server&.stop
     if group && Dir.exist?(group)
-      wait_for(5) { File.read("#{group}/cgroup.procs").strip.empty? }
+      wait_for(15) { File.read("#{group}/cgroup.procs").strip.empty? }
       Dir.rmdir(group)
     end
   end

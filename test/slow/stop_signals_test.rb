@@ -123,7 +123,7 @@ class StopSignalsTest < ServerTest
     assert_match(/worker pid \d+ still running; killing it/, @server.log)
     refute_match(/after the forced stop; killing it/, @server.log, "killed at once, not after FORCE_GRACE")
     assert_cut_short(io)
-    wait_for(5) { @server.worker_pids.none? { |pid| alive?(pid) } } # no worker is left behind
+    wait_for(15) { @server.worker_pids.none? { |pid| alive?(pid) } } # no worker is left behind
   ensure
     io&.close
   end

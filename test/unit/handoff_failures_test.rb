@@ -64,7 +64,7 @@ class HandoffFailuresUnitTest < Minitest::Test
     conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, 0)
     @conns << conn
     client.write("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-    Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
+    Timeout.timeout(15) { sleep 0.001 until conn.fill(0.0) }
     assert_kind_of Hash, conn.parse
     conn.enter(Native::Conn::BUSY, 30)
     conn

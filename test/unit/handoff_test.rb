@@ -55,7 +55,7 @@ class HandoffUnitTest < Minitest::Test
       conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, 0)
       @conns << conn
       client.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n")
-      Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
+      Timeout.timeout(15) { sleep 0.001 until conn.fill(0.0) }
       assert_kind_of Hash, conn.parse
       conn.enter(Native::Conn::BUSY, 30)
       conn
@@ -90,7 +90,7 @@ class HandoffUnitTest < Minitest::Test
 
   # End of input or a reset (the socket was closed with the client's request unread).
   def closed?(client)
-    Timeout.timeout(5) { client.read }
+    Timeout.timeout(15) { client.read }
     true
   rescue Errno::ECONNRESET
     true
@@ -228,7 +228,7 @@ class HandoffUnitTest < Minitest::Test
   end
 
   def test_request_done_without_request_start_returns_at_once
-    Timeout.timeout(5) do
+    Timeout.timeout(15) do # (a guard against a lock held for ever)
       assert_nil @handoff.request_done(0, 0)
       @handoff.request_start(0, app_conn, 0.0)
       @handoff.request_start(0, app_conn, 0.0) # twice: the lock is released once
