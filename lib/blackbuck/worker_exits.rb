@@ -29,7 +29,8 @@ module Blackbuck
 
     # Worker code: say why this worker stops (one of SAID), in its own slot.
     def self.say(scoreboard, index, reason)
-      scoreboard.set_exit_reason(index, SAID.index(reason) || raise(ArgumentError, "[BUG] unknown exit reason #{reason}"))
+      code = SAID.index(reason) or raise ArgumentError, "[BUG] unknown exit reason #{reason.inspect}"
+      scoreboard.set_exit_reason(index, code)
     end
 
     # Master: TTOU told worker pid to retire.
