@@ -42,7 +42,8 @@ class SlowClientsHardeningTest < ServerTest
     end
 
     wait_for(30, "the worker holding the 100 connections") { socket_fds(worker) >= idle_fds + 100 }
-    assert_fresh_request_served(server, behind: "100 slowloris clients", held: -> { answered.empty? })
+    # (none answered yet: an answer, or the close after it, makes a socket readable)
+    assert_fresh_request_served(server, behind: "100 slowloris clients", held: -> { socks.none? { |s| s.wait_readable(0) } })
     trickler.join(SENDING + 5)
     # every one was answered while it was still trickling: the deadline counts from the start of the
     # head, not from its last byte (such a deadline would never fire while bytes keep coming)
@@ -81,7 +82,7 @@ class SlowClientsHardeningTest < ServerTest
     rescue Errno::EPIPE, Errno::ECONNRESET
       answered = true
     end
-    writing = -> { !answered && writer.alive? }
+    writing = -> { io.wait_readable(0).nil? } # not answered yet: still sending
     assert_fresh_request_served(server, behind: "a slow body", held: writing)
     wait_for(30, "300 body bytes sent") { sent >= 300 } # well into the grace period, still sending
     assert_fresh_request_served(server, behind: "a slow body", held: writing)
