@@ -32,10 +32,12 @@ static const int64_t sb_bounds_us[] = {25, 50, 100, 250, 500, 1000, 2500, 5000, 
 #define SB_BOUNDS ((int)(sizeof(sb_bounds_us) / sizeof(sb_bounds_us[0])))
 #define SB_BUCKETS (SB_BOUNDS + 1) /* the last one is +Inf */
 
-/* One histogram: counts per bucket (not cumulative) and the sum of the samples. */
+/* One histogram: counts per bucket (not cumulative), the sum of the samples and the largest one (a
+ * quantile read from the buckets is never reported above it: RequestCounts::Hist#quantile). */
 struct sb_hist {
     uint64_t buckets[SB_BUCKETS];
     uint64_t sum_us;
+    uint64_t max_us;
 };
 
 struct sb_slot {
@@ -54,6 +56,8 @@ struct sb_slot {
      * with atomic adds (bb_scoreboard_handoff_failed), read with atomic loads */
     uint64_t handoff_failures[BB_HANDOFF_FAILURE_KINDS];
     int32_t free_threads; /* app threads with no request (--threads): siblings move waiting requests here */
+    int32_t exit_reason;  /* why the worker stops, as it says (WorkerExits::SAID index; 0: nothing said);
+                           * the master reads it once it has reaped the worker */
     struct sb_hist queue;    /* seconds from ready to the app's start (Conn#queue_time) */
     struct sb_hist duration; /* seconds in the app and writing its answer */
     char method[SB_METHOD_MAX];
@@ -129,6 +133,8 @@ static void observe(struct sb_hist *h, int64_t us)
     while (i < SB_BOUNDS && us > sb_bounds_us[i]) i++;
     bump(&h->buckets[i], 1);
     bump(&h->sum_us, (uint64_t)us);
+    if ((uint64_t)us > __atomic_load_n(&h->max_us, __ATOMIC_RELAXED))
+        __atomic_store_n(&h->max_us, (uint64_t)us, __ATOMIC_RELAXED);
 }
 
 static VALUE hist_value(const struct sb_hist *h)
@@ -136,7 +142,8 @@ static VALUE hist_value(const struct sb_hist *h)
     VALUE counts = rb_ary_new_capa(SB_BUCKETS);
     int i;
     for (i = 0; i < SB_BUCKETS; i++) rb_ary_push(counts, ULL2NUM(__atomic_load_n(&h->buckets[i], __ATOMIC_RELAXED)));
-    return rb_ary_new_from_args(2, counts, ULL2NUM(__atomic_load_n(&h->sum_us, __ATOMIC_RELAXED)));
+    return rb_ary_new_from_args(3, counts, ULL2NUM(__atomic_load_n(&h->sum_us, __ATOMIC_RELAXED)),
+                                ULL2NUM(__atomic_load_n(&h->max_us, __ATOMIC_RELAXED)));
 }
 
 static struct sb_slot *slot(VALUE self, VALUE idx)
@@ -264,7 +271,7 @@ static VALUE sb_request_shed(VALUE self, VALUE idx)
     return Qnil;
 }
 
-/* histograms(i) -> [[queue bucket counts, queue sum us], [duration counts, duration sum us], shed,
+/* histograms(i) -> [[queue bucket counts, queue sum us, queue max us], [duration counts, sum us, max us], shed,
  * moved_out, moved_in, [hand-off failures by HANDOFF_FAILURES]] (counts per bucket, not cumulative;
  * bounds: BUCKET_BOUNDS_US then +Inf). */
 static VALUE sb_histograms(VALUE self, VALUE idx)
@@ -287,6 +294,19 @@ static VALUE sb_moves(VALUE self, VALUE idx, VALUE out, VALUE in)
     __atomic_store_n(&s->moved_out, NUM2ULL(out), __ATOMIC_RELAXED);
     __atomic_store_n(&s->moved_in, NUM2ULL(in), __ATOMIC_RELAXED);
     return Qnil;
+}
+
+/* set_exit_reason(i, n): worker i says why it stops (a Ruby-side index, WorkerExits::SAID; 0: nothing said). */
+static VALUE sb_set_exit_reason(VALUE self, VALUE idx, VALUE n)
+{
+    __atomic_store_n(&slot(self, idx)->exit_reason, NUM2INT(n), __ATOMIC_RELAXED);
+    return Qnil;
+}
+
+/* exit_reason(i) -> what worker i said with set_exit_reason (0: nothing). */
+static VALUE sb_exit_reason(VALUE self, VALUE idx)
+{
+    return INT2NUM(__atomic_load_n(&slot(self, idx)->exit_reason, __ATOMIC_RELAXED));
 }
 
 /* free_threads(i, n): worker i has n app threads with nothing to run (--threads). */
@@ -371,6 +391,8 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "free_threads", sb_free_threads, 2);
     rb_define_method(c, "free_elsewhere?", sb_free_elsewhere, 1);
     rb_define_method(c, "read", sb_read, 1);
+    rb_define_method(c, "set_exit_reason", sb_set_exit_reason, 2);
+    rb_define_method(c, "exit_reason", sb_exit_reason, 1);
     {
         VALUE bounds = rb_ary_new_capa(SB_BOUNDS);
         int i;

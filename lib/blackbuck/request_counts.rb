@@ -17,17 +17,20 @@ module Blackbuck
     WINDOW = 60      # seconds the "recent" percentiles of /status cover
     SAMPLE_EVERY = 5 # seconds between the snapshots the window is measured against
 
-    # One histogram: counts per bucket (BOUNDS, then +Inf; not cumulative) and the sum in seconds.
-    Hist = Struct.new(:counts, :sum) do
-      def self.empty = new(Array.new(BOUNDS.size + 1, 0), 0.0)
-      def self.from_slot((counts, sum_us)) = new(counts, sum_us / 1e6)
+    # One histogram: counts per bucket (BOUNDS, then +Inf; not cumulative), the sum in seconds and
+    # the largest sample in seconds. A difference (#-, the "recent" window) keeps the larger side's
+    # max: the largest sample since the start, an upper bound of the window's own.
+    Hist = Struct.new(:counts, :sum, :max) do
+      def self.empty = new(Array.new(BOUNDS.size + 1, 0), 0.0, 0.0)
+      def self.from_slot((counts, sum_us, max_us)) = new(counts, sum_us / 1e6, max_us / 1e6)
 
-      def +(other) = Hist.new(counts.zip(other.counts).map(&:sum), sum + other.sum)
-      def -(other) = Hist.new(counts.zip(other.counts).map { |a, b| a - b }, sum - other.sum)
+      def +(other) = Hist.new(counts.zip(other.counts).map(&:sum), sum + other.sum, [max, other.max].max)
+      def -(other) = Hist.new(counts.zip(other.counts).map { |a, b| a - b }, sum - other.sum, max)
       def count = counts.sum
 
       # The q-quantile (0 < q < 1), interpolated within its bucket as Prometheus' histogram_quantile
-      # does; in the +Inf bucket, the last finite bound. nil without samples.
+      # does, but never above the largest sample (one 5 s request in the 5-10 s bucket read as a p99 of
+      # 9.95 s); in the +Inf bucket, the largest sample. nil without samples.
       def quantile(q)
         total = count
         return nil if total.zero?
@@ -36,14 +39,14 @@ module Blackbuck
         seen = 0
         counts.each_with_index do |n, i|
           if seen + n >= rank && n.positive?
-            return BOUNDS.last if i == BOUNDS.size
+            return max if i == BOUNDS.size
 
             lower = i.zero? ? 0.0 : BOUNDS[i - 1]
-            return lower + ((BOUNDS[i] - lower) * (rank - seen) / n)
+            return [lower + ((BOUNDS[i] - lower) * (rank - seen) / n), max].min
           end
           seen += n
         end
-        BOUNDS.last
+        max
       end
     end
 

@@ -17,6 +17,10 @@ module Blackbuck
       @noticed = {} # pid => when it was sent USR2, while that request still runs
     end
 
+    # Was worker pid sent the timeout notice for the request it runs (until the next #check after it
+    # is reaped)? The master counts its exit as a timeout (WorkerExits).
+    def noticed?(pid) = @noticed.key?(pid)
+
     # children: Children (each, [], signal).
     def check(children)
       return if @limit_ms.zero?

@@ -8,6 +8,13 @@ module Blackbuck
   # rendering: every number comes from its arguments.
   module StatusMetrics
     QUANTILE_LABELS = { "p50" => "0.5", "p99" => "0.99" }.freeze
+    ROLES = %w[master mold worker].freeze # the roles of StatusSnapshot's "processes"
+    KIB = 1024 # bytes
+    MEMORY_HELP = {
+      "uss" => "Private memory (USS) of the server's processes, summed per role.",
+      "pss" => "Proportional set size (private memory plus a share of what is shared) of the server's " \
+               "processes, summed per role."
+    }.freeze
 
     module_function
 
@@ -19,6 +26,8 @@ module Blackbuck
         samples.each { |labels, value| out << "#{name}#{labels_text(labels)} #{value}\n" }
       end
       t = snap["totals"]
+      family.call("blackbuck_build_info", "gauge", "The Blackbuck and Ruby versions of the master (always 1).",
+                  [[{ "version" => snap["version"], "ruby" => snap["ruby"] }, 1]])
       family.call("blackbuck_workers", "gauge", "Worker processes.", [[{}, t["workers"]]])
       family.call("blackbuck_workers_busy", "gauge", "Workers running a request in the app.", [[{}, t["busy"]]])
       # A counter never decreases: per worker slot, what its exited workers served plus its live one.
@@ -47,6 +56,17 @@ module Blackbuck
                   "too few descriptors free; it stayed queued for another), send (the sender kept it), lost " \
                   "(the kernel dropped its descriptor at the receiver; the client was reset).",
                   totals.handoff_failures_by_reason.map { |why, n| [{ "reason" => why }, n] })
+      memory(family, snap["processes"])
+      family.call("blackbuck_refork_generation", "gauge",
+                  "Generation the workers are forked in (refork_after: 0 from the master, +1 per mold).",
+                  [[{}, snap.dig("refork", "generation") || 0]])
+      if snap["worker_exits"]
+        family.call("blackbuck_worker_exits_total", "counter",
+                    "Workers that exited while the master served, by why: crash, timeout, recycle " \
+                    "(max_requests_per_child), memory (max_memory_per_child), ttou (retired, not replaced), " \
+                    "refork (retired for the next generation), other. All but ttou were replaced.",
+                    snap["worker_exits"].map { |why, n| [{ "reason" => why }, n] })
+      end
       started = snap["workers"].reject { |w| w["state"] == "starting" }
       family.call("blackbuck_worker_queue_seconds", "summary",
                   "Seconds a worker's requests waited for its app (arrival to app start), over its life.",
@@ -56,6 +76,21 @@ module Blackbuck
                     end
                   end)
       out
+    end
+
+    # USS and PSS summed per role (StatusSnapshot's "processes": what /proc says of each), in bytes; a
+    # role without a process (no mold) has no sample.
+    def memory(family, processes)
+      return unless processes
+
+      by_role = processes.group_by { |p| p["role"] }
+      MEMORY_HELP.each do |kind, help|
+        samples = ROLES.filter_map do |role|
+          known = (by_role[role] || []).filter_map { |p| p["#{kind}_kib"] }
+          [{ "role" => role }, known.sum * KIB] unless known.empty?
+        end
+        family.call("blackbuck_memory_#{kind}_bytes", "gauge", help, samples)
+      end
     end
 
     # A Prometheus histogram: cumulative buckets, +Inf, sum and count.

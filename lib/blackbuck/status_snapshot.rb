@@ -12,10 +12,12 @@ module Blackbuck
   class StatusSnapshot
     STATE_NAMES = Native::Scoreboard::NAMES
 
-    # children: the master's Children; listeners: its Listeners (their accept queues).
-    def initialize(children:, request_counts:, scoreboard:, listeners:, refork: nil)
+    # children: the master's Children; listeners: its Listeners (their accept queues); exits: its
+    # WorkerExits (why workers exited).
+    def initialize(children:, request_counts:, scoreboard:, listeners:, refork: nil, exits: nil)
       @children = children
       @refork = refork
+      @exits = exits
       @request_counts = request_counts
       @scoreboard = scoreboard
       @listeners = listeners
@@ -37,10 +39,13 @@ module Blackbuck
       {
         "pid" => Process.pid,
         "version" => VERSION,
+        "ruby" => RUBY_VERSION,
         # Every process of the server with its role and what it costs (Memory.usage): the master, the
         # mold (refork_after) and the workers (their USS is also in "workers").
         "processes" => processes(workers),
         "refork" => @refork&.status,
+        # Workers that exited while the master served, by why (WorkerExits::REASONS).
+        "worker_exits" => @exits&.counts,
         "workers" => workers,
         "listeners" => listeners,
         "slots" => slots.map { |index, requests| { "index" => index, "requests" => requests } },

@@ -9,6 +9,7 @@ require_relative "signal_queue"
 require_relative "children"
 require_relative "spawner"
 require_relative "respawn"
+require_relative "worker_exits"
 require_relative "request_timeouts"
 require_relative "reload"
 require_relative "refork"
@@ -47,6 +48,7 @@ module Blackbuck
       @spawner = Spawner.new(server: self, config: config, app: app, listeners: listeners, scoreboard: @scoreboard,
                              logger: logger, traps: SIGNALS, refork: @refork)
       @respawn = Respawn.new(logger)
+      @exits = WorkerExits.new(@scoreboard)
       @timeouts = RequestTimeouts.new(config[:timeout], @scoreboard, logger)
       @jobs = (Jobs.new(config, logger) if config[:solid_queue])
       @restart_file = (RestartFile.new(config[:restart_file]) if config[:restart_file])
@@ -78,7 +80,7 @@ module Blackbuck
       kept = Reexec.status_listener # a HUP re-exec's
       if @config[:stats_listen]
         snapshot = StatusSnapshot.new(children: @children, request_counts: @request_counts, scoreboard: @scoreboard,
-                                      listeners: @listeners, refork: @refork)
+                                      listeners: @listeners, refork: @refork, exits: @exits)
         @status = StatusServer.start(@config[:stats_listen], supervisor: self, snapshot: snapshot,
                                                              logger: @logger, inherited: kept)
       else
@@ -156,7 +158,12 @@ module Blackbuck
         @logger.info("TTOU: workers = #{@wanted}")
         @announced = false
         # the others serve on: it retires (its idle connections move to them)
-        @children.each { |c| @children.tell_stop(c, Worker::RETIRE_MESSAGE) if c.index >= @wanted }
+        @children.each do |c|
+          next if c.index < @wanted
+
+          @exits.retiring(c.pid)
+          @children.tell_stop(c, Worker::RETIRE_MESSAGE)
+        end
       when :USR1
         reopen_log
         @children.signal_all(:USR1) # old ones still write to it too
@@ -269,6 +276,7 @@ module Blackbuck
       end
       @children.reap(others: others) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
+        @exits.exited(child, status, timed_out: @timeouts.noticed?(child.pid)) unless @stopping # (the slot too)
         why = reasons.delete(child.pid) || @spawner.crash_reason(child.pid)
         if @respawn.exited(child, status, started: @children.started?(child), stopping: @stopping,
                                           handing_over: @children.handing_over?, why: why)

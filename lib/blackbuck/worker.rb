@@ -11,6 +11,7 @@ require_relative "app_runner"
 require_relative "balancer"
 require_relative "episode"
 require_relative "memory"
+require_relative "worker_exits"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
@@ -164,12 +165,13 @@ module Blackbuck
     # max_requests_per_child: the request that reaches the limit begins the stop before it runs, so
     # its response says "Connection: close" and its client is never promised one more.
     def last_request(limit)
-      retire("reached #{limit} requests (max_requests_per_child)")
+      retire("reached #{limit} requests (max_requests_per_child)", :recycle)
     end
 
     # A request timed out, or the app raised an exception after which this process is not to be
-    # trusted (Response::RETIRE): a fresh worker replaces this one, the siblings serve on.
-    def replace(why) = retire(why)
+    # trusted (Response::RETIRE): a fresh worker replaces this one, the siblings serve on. The slot
+    # says :unsafe; the master counts a timeout it gave notice of as a timeout (WorkerExits).
+    def replace(why) = retire(why, :unsafe)
 
     def pause_accepting
       return if @paused
@@ -206,10 +208,12 @@ module Blackbuck
       nil # a listener left open is closed when the stop begins
     end
 
-    def begin_graceful_stop(why)
+    # reason: why, for the master's count (WorkerExits::SAID), when the worker stops of its own accord.
+    def begin_graceful_stop(why, reason = nil)
       return if @stopping
 
       @stopping = true
+      WorkerExits.say(@scoreboard, @index, reason) if reason
       Native::Conn.stopping! # every response from now on says "Connection: close"
       @runner.stopping!
       @balancer.stopping!
@@ -344,7 +348,7 @@ module Blackbuck
       elsif msg.include?(PROMOTE_MESSAGE)
         promote
       elsif msg.include?(RETIRE_MESSAGE)
-        retire("asked by master to retire (the others serve on)")
+        retire("asked by master to retire (the others serve on)", :retire)
       else
         begin_graceful_stop("asked by master")
       end
@@ -363,7 +367,7 @@ module Blackbuck
         return
       end
       @role = :mold
-      retire("forking the mold")
+      retire("forking the mold", :retire)
     end
 
     # An app thread's request was told it timed out (#install_traps): the worker retires now, not once
@@ -372,7 +376,7 @@ module Blackbuck
     # to the siblings, and so do the requests queued for its threads (Balancer#move_queued); those the
     # other threads run finish, their responses saying "Connection: close".
     def timed_out_in_thread
-      retire("a request ran past the timeout (#{@config[:timeout]}s); its thread was told to stop")
+      retire("a request ran past the timeout (#{@config[:timeout]}s); its thread was told to stop", :timeout)
       moved = @balancer.move_queued
       @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} queued requests to its siblings") if moved.positive?
     end
@@ -381,11 +385,11 @@ module Blackbuck
     # and each idle keep-alive connection moves to them over the hand-off socket instead of being
     # closed under a client that may be sending its next request at that moment. Requests in
     # flight finish here (their responses say "Connection: close").
-    def retire(why)
+    def retire(why, reason)
       return if @stopping
 
       @retiring = true
-      begin_graceful_stop(why)
+      begin_graceful_stop(why, reason)
       moved = @balancer.move_idle
       @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} idle connections to its siblings") if moved.positive?
     end
@@ -465,7 +469,7 @@ module Blackbuck
     def check_memory
       return unless (kib = @memory.over_limit(@woke_at))
 
-      retire("#{@memory.measure.upcase} #{kib} KiB is over max_memory_per_child (#{@memory.limit_kib} KiB)")
+      retire("#{@memory.measure.upcase} #{kib} KiB is over max_memory_per_child (#{@memory.limit_kib} KiB)", :memory)
     end
   end
 end

@@ -2,7 +2,8 @@
  * merge, report. A wrk-compatible HTTP/1.1 load generator that also speaks
  * to UNIX sockets.
  *
- * Every command-line mistake ends in one line on stderr and exit status 1. */
+ * Every command-line mistake ends in one line on stderr and exit status 1, and so does a run in which
+ * every request failed (run_failed). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -69,7 +70,11 @@ static void usage(void)
            "        --seed        <N>  Seed for picking targets (default %d)\n"
            "\n"
            "  Numeric arguments may include a SI unit (1k, 1M, 1G)\n"
-           "  Time arguments may include a time unit (500ms, 2s, 2m, 2h)\n",
+           "  Time arguments may include a time unit (500ms, 2s, 2m, 2h)\n"
+           "\n"
+           "  Exit status: 0 when the run got at least one 2xx or 3xx response; 1 when none did\n"
+           "  (said on stderr after the report), for a mistake in the arguments or URL, and when\n"
+           "  the server (TCP or UNIX socket) refuses the connection tried before the run\n",
            DEFAULT_SEED);
 }
 
@@ -148,9 +153,23 @@ static char *read_file(const char *path, size_t *len)
     return buf;
 }
 
+/* A URL is visible ASCII: a space, a control byte or a byte past ASCII would go into the request
+ * line as is (a space splits it; a line break ends it), so it is refused, not sent. The message
+ * shows the URL up to the byte and the byte in hex (never the raw byte: the error is one line). */
+static void check_url_bytes(const char *url)
+{
+    for (size_t i = 0; url[i]; i++) {
+        unsigned char b = (unsigned char)url[i];
+        if (b > 0x20 && b < 0x7f) continue;
+        die("invalid URL: %s 0x%02x after '%.*s' (percent-encode it, e.g. %%20 for a space)",
+            b == ' ' ? "a space," : b < 0x20 || b == 0x7f ? "a control byte," : "a byte past ASCII,", b, (int)i, url);
+    }
+}
+
 /* "http://host[:port][/path]" -> host, port (default 80), authority, path. */
 static void parse_url(const char *url, char *host, char *port, char *authority, const char **path)
 {
+    check_url_bytes(url);
     if (strncasecmp(url, "http://", 7) != 0) {
         if (strncasecmp(url, "https://", 8) == 0) die("https is not supported: %s", url);
         die("invalid URL (expected http://host[:port]/path): %s", url);
@@ -422,6 +441,21 @@ static void errors_add(struct errors *sum, const struct errors *e)
     sum->connect_retry += e->connect_retry;
 }
 
+/* wrk exits 0 whatever became of the requests (only a failed first connect exits 1), so a script
+ * or CI job that runs it cannot tell a run that measured a server from one that measured nothing.
+ * Here a run in which no request got a 2xx or 3xx response (every one a socket error, a timeout or
+ * a 4xx/5xx; or none finished at all) says so on stderr after the report and exits 1. */
+static int run_failed(const struct results *r)
+{
+    if (r->complete > r->errors.status) return 0;
+    const struct errors *e = &r->errors;
+    fprintf(stderr,
+            "blackbuck-load: every request failed: %" PRIu64 " responses, none 2xx or 3xx; socket errors: connect %" PRIu64
+            ", read %" PRIu64 ", write %" PRIu64 ", timeout %" PRIu64 "\n",
+            r->complete, e->connect, e->read, e->write, e->timeout);
+    return 1;
+}
+
 static double tv_s(struct timeval tv) { return tv.tv_sec + tv.tv_usec / 1e6; }
 
 int main(int argc, char **argv)
@@ -495,7 +529,7 @@ int main(int argc, char **argv)
 
     report_text(stdout, &cfg, &r);
     fflush(stdout);
-    int rc = 0;
+    int rc = run_failed(&r);
     if (cfg.json_path && report_json(cfg.json_path, &cfg, &r)) {
         fprintf(stderr, "blackbuck-load: cannot write %s: %s\n", cfg.json_path, strerror(errno));
         rc = 1;

@@ -101,6 +101,23 @@ int net_target_tcp(struct target *t, const char *host, const char *port, char *e
     return 0;
 }
 
+/* A socket file left by a server that has gone (or an abstract name nobody holds) refuses every
+ * connect: try one before the run, as net_target_tcp does, so the run does not count a whole
+ * duration of connect errors. Non-blocking: a full listen backlog (EAGAIN) means someone listens. */
+static int probe_unix(struct target *t, const char *path, char *err, size_t errlen)
+{
+    int fd = nonblocking_socket(AF_UNIX);
+    if (fd < 0) {
+        snprintf(err, errlen, "unable to create a UNIX socket: %s", strerror(errno));
+        return -1;
+    }
+    int rc = start_connect(t, fd), saved = errno;
+    close(fd);
+    if (rc != NET_ERROR) return 0;
+    snprintf(err, errlen, "unable to connect to UNIX socket %s: %s (is the server listening?)", path, strerror(saved));
+    return -1;
+}
+
 int net_target_unix(struct target *t, const char *path, char *err, size_t errlen)
 {
     struct sockaddr_un *sun = (struct sockaddr_un *)&t->addr;
@@ -121,7 +138,7 @@ int net_target_unix(struct target *t, const char *path, char *err, size_t errlen
         }
         memcpy(sun->sun_path + 1, path + 1, len - 1);
         t->addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
-        return 0;
+        return probe_unix(t, path, err, errlen);
 #else
         snprintf(err, errlen, "abstract UNIX sockets are Linux-only: %s", path);
         return -1;
@@ -142,5 +159,5 @@ int net_target_unix(struct target *t, const char *path, char *err, size_t errlen
     }
     memcpy(sun->sun_path, path, len + 1);
     t->addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len + 1);
-    return 0;
+    return probe_unix(t, path, err, errlen);
 }

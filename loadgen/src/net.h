@@ -31,7 +31,8 @@ extern const struct transport net_tcp, net_unix;
 
 /* Fill *t. On failure return -1 with a one-line reason in err. */
 int net_target_tcp(struct target *t, const char *host, const char *port, char *err, size_t errlen);
-/* path: a filesystem path (must exist and be a socket) or "@name" (abstract). */
+/* path: a filesystem path (must exist and be a socket) or "@name" (abstract); either must accept a
+ * test connection (someone listens). */
 int net_target_unix(struct target *t, const char *path, char *err, size_t errlen);
 
 #endif

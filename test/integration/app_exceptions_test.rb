@@ -78,7 +78,8 @@ class AppExceptionsTest < ServerTest
   # NoMemoryError, `exit`, Interrupt, SignalException: a 500 with the backtrace, and then a fresh
   # worker replaces the one that raised it.
   def test_unsafe_exceptions_are_500_then_the_worker_is_replaced
-    server = start
+    stats = "#{Dir.mktmpdir('bb-test')}/status.sock"
+    server = start(["--stats-listen", "unix:#{stats}"])
     { "raise" => %w[nomemory exit], "body" => %w[interrupt signal] }.each do |where, kinds|
       kinds.each do |kind|
         io = server.tcp
@@ -93,6 +94,14 @@ class AppExceptionsTest < ServerTest
         io.close
       end
     end
+    # /status counts them as replaced for being unsafe (WorkerExits)
+    exits = wait_for(30, "4 unsafe exits in /status") do
+      sock = UNIXSocket.new(stats)
+      e = JSON.parse(request(sock, "GET", "/status").body)["worker_exits"]
+      sock.close
+      e["unsafe"] == 4 && e
+    end
+    assert_equal 0, exits.except("unsafe").values.sum, exits.inspect
   end
 
   # The app rescues the request timeout and answers itself (Rails does): its answer goes out, the

@@ -36,7 +36,7 @@ class RequestBodyTest < ServerTest
   def test_expect_100_continue
     io = @server.tcp
     io.write("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
-    interim = Timeout.timeout(5) { io.readpartial(100) }
+    interim = Timeout.timeout(15) { io.readpartial(100) }
     assert_equal "HTTP/1.1 100 Continue\r\n\r\n", interim
     io.write("data")
     res = read_response(io)

@@ -102,16 +102,17 @@ class FileBodyTest < ServerTest
     worker = server.worker_pids.first
     path, digest = make_file("huge.bin", HUGE)
     io = stalled_request(server, "/rails?name=huge.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
-    assert_fresh_request_served(server, behind: "a stalled reader of a 64 MiB file")
+    wait_for(30) { fd_links(worker).include?(path) }
+    sending = -> { fd_links(worker).include?(path) } # the worker still holds the file: the download is not over
+    assert_fresh_request_served(server, behind: "a stalled reader of a 64 MiB file", held: sending)
     assert_empty Dir.children(@tmp), "nothing spilled to $TMPDIR"
     assert_includes fd_links(worker), path, "the worker sends from the file itself"
 
     status, headers, got, size = read_framed(io, pace: 0.001) do
-      assert_fresh_request_served(server, behind: "a slow reader of a 64 MiB file")
+      assert_fresh_request_served(server, behind: "a slow reader of a 64 MiB file", held: sending)
     end
     assert_equal [200, HUGE.to_s, HUGE, digest], [status, headers["content-length"], size, got]
-    wait_for(5) { !fd_links(worker).include?(path) }
+    wait_for(15) { !fd_links(worker).include?(path) }
     assert_equal 200, request(io, "GET", "/hello")&.status, "kept alive after the download"
   ensure
     io&.close
@@ -145,17 +146,17 @@ class FileBodyTest < ServerTest
     path, = make_file("shrinks.bin", 32 * MIB)
     original = File.binread(path)
     io = stalled_request(server, "/path?name=shrinks.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
-    sleep 0.2
+    wait_for(30) { fd_links(worker).include?(path) }
+    assert io.wait_readable(30), "the download has begun"
     File.truncate(path, MIB)
     head, body = read_until_closed(io)
     assert_match(/\AHTTP\/1.1 200 OK\r\n/, head)
     assert_match(/^Content-Length: #{32 * MIB}\r$/, head)
     assert_operator body.bytesize, :<, 32 * MIB, "the connection closed short of the promised length"
     assert_equal original.byteslice(0, body.bytesize), body, "what was sent is the file's bytes, not padding"
-    wait_for(5) { server.log.include?("a file body ended at byte") }
+    wait_for(15) { server.log.include?("a file body ended at byte") }
     assert_match(/WARN a file body ended at byte \d+ of the #{32 * MIB} promised .*: connection closed/, server.log)
-    wait_for(5) { !fd_links(worker).include?(path) }
+    wait_for(15) { !fd_links(worker).include?(path) }
     assert_fresh_request_served(server, behind: "a truncated download")
   ensure
     io&.close
@@ -168,7 +169,7 @@ class FileBodyTest < ServerTest
     worker = server.worker_pids.first
     path, digest = make_file("grows.bin", 16 * MIB)
     io = stalled_request(server, "/files/grows.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
+    wait_for(15) { fd_links(worker).include?(path) }
     File.open(path, "ab") { |f| f.write("x" * MIB) }
     status, headers, got, size = read_framed(io)
     assert_equal [200, (16 * MIB).to_s, 16 * MIB, digest], [status, headers["content-length"], size, got]
@@ -194,19 +195,19 @@ class FileBodyTest < ServerTest
       assert_equal BIG.to_s, request(io, "HEAD", "/files/big.bin")["content-length"]
       io.close
     end
-    wait_for(5) { fd_links(worker).size == baseline }
+    wait_for(15) { fd_links(worker).size == baseline }
 
     aborted = stalled_request(server, "/files/huge.bin")
-    wait_for(5) { fd_links(worker).include?(path) }
+    wait_for(15) { fd_links(worker).include?(path) }
     aborted.readpartial(65_536)
     aborted.close # mid-way, unread bytes and all
-    wait_for(5) { fd_links(worker).size == baseline }
+    wait_for(15) { fd_links(worker).size == baseline }
 
     stalled = stalled_request(server, "/rails?name=huge.bin")
     started = now
-    wait_for(5) { fd_links(worker).include?(path) }
+    wait_for(15) { fd_links(worker).include?(path) }
     assert_equal baseline + 2, fd_links(worker).size, "the stalled client's socket and the file"
-    wait_for(10) { fd_links(worker).size == baseline }
+    wait_for(30) { fd_links(worker).size == baseline }
     assert_operator now - started, :>=, 1.3, "dropped by write_timeout (1.5 s), not before"
     refute_includes fd_links(worker), path
     assert_operator read_all(stalled).bytesize, :<, HUGE, "dropped: it cannot have the whole file"
@@ -242,7 +243,7 @@ class FileBodyTest < ServerTest
     res = request(tcp = server.tcp, "GET", "/x-accel?uri=/protected/big.bin")
     tcp.close
     assert_equal ["/protected/big.bin", "0", ""], [res["x-accel-redirect"], res["content-length"], res.body]
-    wait_for(5) { server.log.scan(/ERROR X-Sendfile/).size == 3 }
+    wait_for(15) { server.log.scan(/ERROR X-Sendfile/).size == 3 }
     assert_match(/ERROR X-Sendfile #{Regexp.escape(missing)}: No such file or directory: 404 for GET \/x-sendfile$/, server.log)
     assert_match(/ERROR X-Sendfile #{Regexp.escape(@files)}: not a regular file: 404/, server.log)
     assert_match(/ERROR X-Sendfile "files\/big.bin" is not an absolute path: refused: GET \/x-sendfile$/, server.log)
@@ -300,7 +301,7 @@ class FileBodyTest < ServerTest
       refute_includes res.body, "secret", uri
       io.close
     end
-    wait_for(5) { server.log.scan(/ERROR X-Accel-Redirect .*: refused/).size == refused.size }
+    wait_for(15) { server.log.scan(/ERROR X-Accel-Redirect .*: refused/).size == refused.size }
     assert_match(/ERROR X-Accel-Redirect "\/elsewhere\/big.bin" is outside every x_accel_mapping: refused/, server.log)
     res = request(io = server.tcp, "GET", "/x-sendfile?path=#{q(path)}")
     assert_equal [path, ""], [res["x-sendfile"], res.body], "X-Sendfile passes through when only the mapping is set"

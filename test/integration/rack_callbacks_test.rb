@@ -11,7 +11,7 @@ class RackCallbacksTest < ServerTest
     io = server.tcp
     assert_equal "abbccc", request(io, "GET", "/each").body
     # close runs right after the last byte; File.write creates the file before it writes (seen empty once)
-    Timeout.timeout(5) { sleep 0.02 until File.size?("#{dir}/closed") }
+    Timeout.timeout(15) { sleep 0.02 until File.size?("#{dir}/closed") }
     assert_equal "closed", File.read("#{dir}/closed")
     File.delete("#{dir}/closed")
     io.close
@@ -19,10 +19,10 @@ class RackCallbacksTest < ServerTest
     io = server.tcp
     io.write("GET /each HTTP/1.1\r\nHost: x\r\n\r\n")
     io.close
-    Timeout.timeout(5) { sleep 0.05 until File.exist?("#{dir}/closed") }
+    Timeout.timeout(15) { sleep 0.05 until File.exist?("#{dir}/closed") }
     io = server.tcp
     assert_equal "ok", request(io, "GET", "/finished").body
-    Timeout.timeout(5) { sleep 0.05 until File.exist?("#{dir}/finished") }
+    Timeout.timeout(15) { sleep 0.05 until File.exist?("#{dir}/finished") }
   ensure
     io&.close
   end

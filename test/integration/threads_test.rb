@@ -4,6 +4,7 @@ require_relative "../test_helper"
 require "json"
 require "digest"
 require "open3"
+require_relative "../apps/gate_wait"
 
 # --threads N: N app threads per worker (AppPool). Requests overlap with N > 1 and never with the
 # default 1; rack.multithread says which. The loop thread keeps every connection: bodies spilled
@@ -76,11 +77,11 @@ class ThreadsTest < ServerTest
   # The master's timeout notice reaches the thread running the oldest request; the other thread's
   # request is answered, and the worker is replaced once it has drained.
   def test_request_timeout_in_an_app_thread
-    server = start_server(["-l", "127.0.0.1:0", "--timeout", "1", "--threads", "2"], app: "kitchen.ru")
+    server = start_both(["--timeout", "1", "--threads", "2"], stats: true, app: "kitchen.ru")
     old = server.worker_pids.first
     stuck = server.tcp
     stuck.write("GET /sleep?t=30 HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.2
+    wait_until_in_app(stats_path(server)) # the oldest request
     other = server.tcp
     assert_equal "slept\n", request(other, "GET", "/sleep?t=0.3").body, "the second thread serves meanwhile"
     res = read_response(stuck, timeout: 15)
@@ -107,60 +108,66 @@ class ThreadsTest < ServerTest
     ios&.each(&:close)
   end
 
-  # Both threads of one worker run slow requests; a fast request on a third connection of that
-  # worker is answered by the other worker long before they end.
+  # Both threads of one worker run slow requests (held at a gate until the test opens it); a fast
+  # request on a third connection of that worker is answered by the other worker meanwhile.
   def test_a_request_on_a_full_worker_moves_to_a_free_one
-    server = start_both(["--threads", "2"], app: "handoff.ru", workers: 2)
+    gates = Dir.mktmpdir("bb-gates")
+    server = start_both(["--threads", "2"], app: "handoff.ru", workers: 2, env: { "BB_GATE_DIR" => gates })
     conns = Array.new(10) { server.unix }
     pids = conns.map { |c| Integer(request(c, "GET", "/").body[/pid=(\d+)/, 1]) }
     pid, = pids.tally.max_by { |_, n| n }
     mine = conns.each_index.select { |i| pids[i] == pid }
     assert_operator mine.size, :>=, 3, "ten connections, two workers: #{pids.inspect}"
     a, b, c = mine.first(3).map { |i| conns[i] }
-    [a, b].each { |io| io.write("GET /?sleep=1.5 HTTP/1.1\r\nHost: x\r\n\r\n") }
-    sleep 0.2
-    t = now
+    [a, b].each { |io| io.write("GET /?gate=slow HTTP/1.1\r\nHost: x\r\n\r\n") }
+    wait_for(30, "both slow requests in the app") { GateWait.waiting(gates, "slow") == 2 }
     res = request(c, "GET", "/fast")
-    assert_operator now - t, :<, 0.8, "the fast request waited behind the slow ones"
-    refute_equal pid, Integer(res.body[/pid=(\d+)/, 1]), "another worker answered it"
+    refute_equal pid, Integer(res.body[/pid=(\d+)/, 1]), "another worker answered it, the slow ones still held"
     assert_equal 200, request(c, "GET", "/").status, "the moved connection stays open"
-    [a, b].each { |io| assert_equal 200, read_response(io, timeout: 10)&.status }
+    File.write(File.join(gates, "slow"), "")
+    [a, b].each { |io| assert_equal 200, read_response(io, timeout: 30)&.status }
   ensure
+    File.write(File.join(gates, "slow"), "") if gates
     conns&.each(&:close)
   end
 
-  # Requests that typically run 0.3 s: a fast request arriving while both threads of a worker run
+  # Requests that typically run 1 s: a fast request arriving while both threads of a worker run
   # younger ones waits in that worker's queue for the next free thread (Worker#full?). The other
   # worker has free threads, so once it has waited handoff_after it moves there, already read and
-  # parsed: its bytes travel with the connection, and the other worker answers it long before the
-  # slow ones end. The connection stays open there; /status counts the move.
+  # parsed: its bytes travel with the connection, and the other worker answers it while the slow ones
+  # are still held. The connection stays open there; /status counts the move. (The typical time is
+  # the worker's own measure; 1 s leaves a loaded machine room to start both before they are older.)
   def test_a_queued_request_moves_with_its_bytes_to_a_free_worker
     dir = Dir.mktmpdir("bb-test")
+    gates = Dir.mktmpdir("bb-gates")
     stats = "#{dir}/status.sock"
     server = start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{stats}", "--threads", "2",
-                           "--handoff-after", "0.05"], dir: dir, app: "handoff.ru", workers: 2)
+                           "--handoff-after", "0.05"], dir: dir, app: "handoff.ru", workers: 2,
+                                                       env: { "BB_GATE_DIR" => gates })
     conns = Array.new(10) { server.unix }
-    # every worker's typical request: 0.3 s
-    conns.each { |c| c.write("GET /?sleep=0.3 HTTP/1.1\r\nHost: x\r\n\r\n") }
+    # every worker's typical request: 1 s
+    conns.each { |c| c.write("GET /?sleep=1 HTTP/1.1\r\nHost: x\r\n\r\n") }
     pids = conns.map { |c| Integer(read_response(c, timeout: 10).body[/pid=(\d+)/, 1]) }
     pid, = pids.tally.max_by { |_, n| n }
     mine = conns.each_index.select { |i| pids[i] == pid }
     assert_operator mine.size, :>=, 3, "ten connections, two workers: #{pids.inspect}"
     a, b, c = mine.first(3).map { |i| conns[i] }
-    [a, b].each { |io| io.write("GET /?sleep=1.5 HTTP/1.1\r\nHost: x\r\n\r\n") }
-    sleep 0.1 # both run, younger than the typical 0.3 s: room for one more in the queue
-    t = now
+    [a, b].each { |io| io.write("GET /?gate=slow HTTP/1.1\r\nHost: x\r\n\r\n") }
+    # both run, younger than the typical 1 s: room for one more in the queue
+    wait_for(30, "both slow requests in the app") { GateWait.waiting(gates, "slow") == 2 }
     res = request(c, "GET", "/fast")
-    waited = now - t
-    assert_operator waited, :<, 0.8, "the fast request waited behind the slow ones"
-    refute_equal pid, Integer(res.body[/pid=(\d+)/, 1]), "another worker answered it"
+    refute_equal pid, Integer(res.body[/pid=(\d+)/, 1]), "another worker answered it, the slow ones still held"
     queued = Float(res.body[/queue=([\d.]+)/, 1])
     assert_operator queued, :>=, 0.05, "it waited handoff_after in the first worker's queue, then moved"
     assert_equal 200, request(c, "GET", "/").status, "the moved connection stays open"
-    [a, b].each { |io| assert_equal 200, read_response(io, timeout: 10)&.status }
-    workers = JSON.parse(stats_get(stats, "/status"))["workers"].to_h { |w| [w["pid"], w] }
-    assert_operator workers[pid]["moved_out"], :>=, 1
+    File.write(File.join(gates, "slow"), "")
+    [a, b].each { |io| assert_equal 200, read_response(io, timeout: 30)&.status }
+    # (a worker publishes its move counts on its tick)
+    wait_for(15, "the move counted in /status") do
+      JSON.parse(stats_get(stats, "/status"))["workers"].find { |w| w["pid"] == pid }["moved_out"] >= 1
+    end
   ensure
+    File.write(File.join(gates, "slow"), "") if gates
     conns&.each(&:close)
   end
 

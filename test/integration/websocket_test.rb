@@ -9,12 +9,15 @@ require "open3"
 class WebSocketTest < ServerTest
   NODE_PATH = "/usr/share/nodejs" # Debian's node-ws
   CLIENT = File.join(__dir__, "..", "clients", "ws_echo.js")
-  STOP_BOUND = 3 # seconds; the old code waited the whole graceful_timeout (30 s)
+  # seconds a stop is waited for: generous for a loaded machine, and far below graceful_timeout
+  # (GRACEFUL), which the old code waited whole: a stop that ends within it did not wait for the WebSocket
+  STOP_WAIT = 40
+  GRACEFUL = 600
 
   def setup
     skip "node is not installed (bin/setup installs nodejs and node-ws)" unless system("node --version", out: File::NULL, err: File::NULL)
     skip "the ws package is missing (bin/setup installs node-ws)" unless File.exist?(File.join(NODE_PATH, "ws", "package.json"))
-    @server = start_server(["-l", "127.0.0.1:0"], app: "websocket.ru")
+    @server = start_server(["-l", "127.0.0.1:0", "--graceful-timeout", GRACEFUL.to_s], app: "websocket.ru")
   end
 
   def url(path) = "ws://127.0.0.1:#{@server.tcp_port}#{path}"
@@ -26,21 +29,18 @@ class WebSocketTest < ServerTest
     out
   end
 
-  # Seconds from TERM to the master's exit.
-  def timed_stop
-    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  # TERM, and the master's clean exit well before graceful_timeout.
+  def stop
     @server.signal(:TERM)
-    status = @server.wait_exit(40)
-    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
-    assert status&.success?, "server did not exit cleanly: #{status.inspect}"
-    elapsed
+    status = @server.wait_exit(STOP_WAIT)
+    assert status&.success?, "server did not exit cleanly within #{STOP_WAIT} s (graceful_timeout #{GRACEFUL} s): " \
+                             "#{status.inspect}"
   end
 
   %w[full partial].each do |kind|
     define_method("test_#{kind}_hijack_echo_then_stop_is_quick") do
       echo("/#{kind}")
-      elapsed = timed_stop
-      assert_operator elapsed, :<, STOP_BOUND, "TERM took #{elapsed.round(2)} s after a #{kind}-hijack WebSocket"
+      stop
     end
 
     define_method("test_#{kind}_hijack_still_open_does_not_hold_the_stop") do
@@ -52,8 +52,7 @@ class WebSocketTest < ServerTest
       io = @server.tcp
       assert_equal 200, request(io, "GET", "/").status, "the worker serves HTTP while the app holds a WebSocket"
       io.close
-      elapsed = timed_stop
-      assert_operator elapsed, :<, STOP_BOUND, "TERM took #{elapsed.round(2)} s with an open #{kind}-hijack WebSocket"
+      stop
       Timeout.timeout(10) { Process.wait(pid) }
       pid = nil
       assert_match(/closed/, r.read.to_s, "the client sees the socket close when the worker exits")

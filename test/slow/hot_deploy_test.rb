@@ -13,6 +13,7 @@ class HotDeployTest < ServerTest
   IDLE_PAUSE = 0.3       # the third client of each transport idles up to this long between requests
   LOAD_MAX_SECONDS = 30  # the load stops by itself after this long, whatever happens
   LOAD_MAX_REQUESTS = 50_000
+  PER_PHASE = 100        # requests answered before the HUP, and after the old generation has gone
 
   def setup
     skip "#{START_SERVER} not installed (apt-get install libserver-starter-perl)" unless system("which #{START_SERVER} >/dev/null 2>&1")
@@ -48,11 +49,12 @@ class HotDeployTest < ServerTest
         load_loop(transport, keepalive, pause, results) { stop || now > deadline || results.size >= LOAD_MAX_REQUESTS }
       end
     end
-    sleep 1 # load against the first generation
+    wait_for(30, "load against the first generation") { results.size >= PER_PHASE }
     @starter.signal(:HUP)
     wait_for(30) { (@starter.worker_pids - old).size >= 2 } # the new generation is up
     wait_for(30) { @starter.log.scan(/master \(pid \d+\) exiting/).size >= 1 } # and the old one has gone
-    sleep 1 # load against the new generation only
+    after_old = results.size
+    wait_for(30, "load against the new generation only") { results.size >= after_old + PER_PHASE }
     stop = true
     threads.each(&:join)
 

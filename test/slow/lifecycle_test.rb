@@ -22,22 +22,32 @@ class LifecycleTest < ServerTest
     start_server(["-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{@stats}", *args], dir: dir, **opts)
   end
 
+  # During the delay (30 s: longer than any loaded machine takes for the checks, and never waited
+  # for; a second TERM ends it, test_a_second_term_ends_the_delay_at_once) the server answers as it
+  # says.
   def test_ready_and_live_then_shutdown_delay_keeps_serving_while_not_ready
-    server = start_with_status(["--shutdown-delay", "2"], app: "kitchen.ru")
+    server = start_with_status(["--shutdown-delay", "30"], app: "kitchen.ru")
     assert_equal [200, "ready\n"], get("/ready", @stats).then { |r| [r.status, r.body] }
     assert_equal [200, "live\n"], get("/live", @stats).then { |r| [r.status, r.body] }
-    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     server.signal(:TERM)
-    wait_for(5) { get("/ready", @stats).status == 503 }
+    wait_for(15) { get("/ready", @stats).status == 503 }
     assert_equal "stopping\n", get("/ready", @stats).body
     assert_equal 200, get("/live", @stats).status, "the master's loop still turns"
-    sleep 0.5
     refute server.exited?, "the delay keeps the server up"
     assert_equal 200, get("/hello", server.unix_path).status, "new requests are still served during the delay"
-    assert server.wait_exit(15)&.success?
-    elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
-    assert_operator elapsed, :>=, 2, "the stop waited for shutdown_delay"
-    assert_match(/TERM: not ready \(GET \/ready answers 503\); serving 2s more \(shutdown_delay\)/, server.log)
+    assert_match(/TERM: not ready \(GET \/ready answers 503\); serving 30s more \(shutdown_delay\)/, server.log)
+  end
+
+  # The delay over, the graceful stop begins by itself: not before (a lower bound, which a loaded
+  # machine only makes longer).
+  def test_the_stop_begins_when_the_shutdown_delay_is_over
+    server = start_with_status(["--shutdown-delay", "2"])
+    t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    server.signal(:TERM)
+    assert server.wait_exit(30)&.success?
+    assert_operator Process.clock_gettime(Process::CLOCK_MONOTONIC) - t, :>=, 2, "the stop waited for shutdown_delay"
+    assert_match(/serving 2s more \(shutdown_delay\), then stopping gracefully/, server.log)
+    assert_match(/worker 0 \(pid \d+\) stopping: asked by master/, server.log)
   end
 
   # GET /ready says 503 until a worker serves: workers that take 1.5 s in after_fork.
@@ -57,22 +67,26 @@ class LifecycleTest < ServerTest
   def test_a_second_term_ends_the_delay_at_once
     server = start_with_status(["--shutdown-delay", "30"])
     server.signal(:TERM)
-    wait_for(5) { server.log.include?("TERM: not ready") }
+    wait_for(15) { server.log.include?("TERM: not ready") }
     server.signal(:TERM)
     assert server.wait_exit(10)&.success?, "the second TERM began the graceful stop"
   end
 
+  # The request is held in the app (gate.ru) until /ready has been asked during the stop.
   def test_ready_says_503_during_a_graceful_stop
-    server = start_with_status([], app: "kitchen.ru")
+    gates = Dir.mktmpdir("bb-gates")
+    server = start_with_status([], app: "gate.ru", env: { "BB_GATE_DIR" => gates })
     io = UNIXSocket.new(server.unix_path)
-    io.write("GET /sleep?t=2 HTTP/1.1\r\nHost: x\r\n\r\n")
+    io.write("GET /gate?name=held HTTP/1.1\r\nHost: x\r\n\r\n")
     wait_until_in_app(@stats)
     server.signal(:TERM)
-    wait_for(5) { server.log.include?("TERM: stopping gracefully") }
+    wait_for(15) { server.log.include?("TERM: stopping gracefully") }
     assert_equal 503, get("/ready", @stats).status, "the status listener answers until the master exits"
-    assert_equal 200, read_response(io).status
-    assert server.wait_exit(15)&.success?
+    File.write(File.join(gates, "held"), "")
+    assert_equal 200, read_response(io, timeout: 30).status
+    assert server.wait_exit(30)&.success?
   ensure
+    File.write(File.join(gates, "held"), "") if gates
     io&.close
   end
 
@@ -176,7 +190,7 @@ class LifecycleTest < ServerTest
   ensure
     server&.stop
     if group && Dir.exist?(group)
-      wait_for(5) { File.read("#{group}/cgroup.procs").strip.empty? }
+      wait_for(15) { File.read("#{group}/cgroup.procs").strip.empty? }
       Dir.rmdir(group)
     end
   end

@@ -52,7 +52,7 @@ class ReloadTest < ServerTest
                           app: app, workers: 2, dir: dir)
     old_workers = server.worker_pids
     stats, stop = load_in_background(server)
-    sleep 0.5
+    wait_for(30, "load against v1") { stats[:bodies]["v1"] >= 20 }
     write_app(app, "v2")
     server.signal(:HUP)
     Timeout.timeout(30) { sleep 0.1 until stats[:bodies]["v2"] > 50 }
@@ -63,7 +63,8 @@ class ReloadTest < ServerTest
     File.write(app, "run lambda { |env| [200, {}, [\"broken\"] }\n") # syntax error
     server.signal(:HUP)
     Timeout.timeout(30) { sleep 0.1 until server.log.include?("the new code does not boot") }
-    sleep 0.5
+    served = stats[:bodies]["v2"]
+    wait_for(30, "load after the broken deploy") { stats[:bodies]["v2"] >= served + 20 }
     stop.call
     assert_empty stats[:failed], "failed requests during the reloads: #{stats[:failed].first(5)}"
     assert_operator stats[:bodies]["v1"], :>, 0
@@ -88,7 +89,7 @@ class ReexecWhileMovingTest < ServerTest
                           app: "handoff.ru", workers: 2, dir: dir, env: { "BB_ID_LOG" => ids })
     old = server.worker_pids
     load = Thread.new { numbered_requests(server, clients: 10, per_client: 100, slow_every: 3) }
-    sleep 0.5
+    wait_for(30, "requests run by the first generation") { File.exist?(ids) && File.readlines(ids).size >= 50 }
     server.signal(:HUP)
     results = load.value
     wait_for(30) { (server.worker_pids - old).size >= 2 } # the new generation served

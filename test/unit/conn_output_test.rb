@@ -165,7 +165,7 @@ class ConnOutputTest < Minitest::Test
     assert_nil @conn.write_file(200, { "Content-Length" => "4" }, path)
     assert_nil @conn.write_file(200, {}, File.join(@dir, "missing"))
     assert_nil @conn.write_file(200, {}, @dir)
-    assert_nil Timeout.timeout(2) { @conn.write_file(200, {}, fifo) }
+    assert_nil Timeout.timeout(15) { @conn.write_file(200, {}, fifo) }
     assert_raises(ArgumentError) { @conn.write_file(200, { "x" => "a\r\nb" }, path) }
     assert_equal 0, fds_on(path) + fds_on(fifo)
     refute @conn.pending_output?

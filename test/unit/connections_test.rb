@@ -147,7 +147,7 @@ class ConnectionsTest < Minitest::Test
     end
 
     def counted = @served += 1
-    def begin_graceful_stop(why) = @stops << why
+    def begin_graceful_stop(why, _reason = nil) = @stops << why
     def resume_accepting = @resumed += 1
     def last_request(limit) = @stops << "limit #{limit}"
     def replace(why) = @stops << "replace: #{why}"

@@ -54,7 +54,7 @@ class HandoffFailuresUnitTest < Minitest::Test
     @poller.watch(conn, Native::Poller::IN)
     @conns << conn
     client.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.01
+    assert IO.for_fd(conn.fd, autoclose: false).wait_readable(15), "the request has arrived"
     [conn, client]
   end
 
@@ -64,7 +64,7 @@ class HandoffFailuresUnitTest < Minitest::Test
     conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, 0)
     @conns << conn
     client.write("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
-    Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
+    Timeout.timeout(15) { sleep 0.001 until conn.fill(0.0) }
     assert_kind_of Hash, conn.parse
     conn.enter(Native::Conn::BUSY, 30)
     conn
@@ -83,10 +83,10 @@ class HandoffFailuresUnitTest < Minitest::Test
     handoff = Native::Handoff.new(@poller, @sender.fileno, AFTER, @scoreboard)
     assert handoff.start
     handoff.request_start(0, app_conn, 0.0)
-    sleep AFTER * 20 # the watcher tries, every handoff_after
+    # the watcher tries, every handoff_after: its failures are counted too
+    Timeout.timeout(15) { sleep 0.001 until failed_moves[SEND] > 1 }
     assert_nil handoff.request_done(0, 0), "the watcher moved nothing"
     refute conn.moved?
-    assert_operator failed_moves[SEND], :>, 1, "the watcher's failures are counted too"
     assert_equal 0, handoff.moved_out
     assert_equal 1, @warnings.size, "one line for the run of failures"
 

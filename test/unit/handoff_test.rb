@@ -55,7 +55,7 @@ class HandoffUnitTest < Minitest::Test
       conn = Native::Conn.accept(@server.fileno, { "SERVER_NAME" => "x" }, false, false, 0)
       @conns << conn
       client.write("GET #{path} HTTP/1.1\r\nHost: x\r\n\r\n")
-      Timeout.timeout(5) { sleep 0.001 until conn.fill(0.0) }
+      Timeout.timeout(15) { sleep 0.001 until conn.fill(0.0) }
       assert_kind_of Hash, conn.parse
       conn.enter(Native::Conn::BUSY, 30)
       conn
@@ -75,6 +75,9 @@ class HandoffUnitTest < Minitest::Test
     v
   end
 
+  # conn.fill once the client's bytes have arrived (it answers nil until then): the bytes read.
+  def fill_arrived(conn, woke_at = 0.0) = wait_until("bytes to read") { conn.fill(woke_at) }
+
   # While the app runs: the watcher has moved n connections (it looks every handoff_after).
   def wait_moved(n) = wait_until("#{n} moved") { @handoff.moved_out >= n }
 
@@ -87,7 +90,7 @@ class HandoffUnitTest < Minitest::Test
 
   # End of input or a reset (the socket was closed with the client's request unread).
   def closed?(client)
-    Timeout.timeout(5) { client.read }
+    Timeout.timeout(15) { client.read }
     true
   rescue Errno::ECONNRESET
     true
@@ -159,8 +162,7 @@ class HandoffUnitTest < Minitest::Test
     gone_client.close # readable too (end of input), but no request: the worker drops it itself
     [busy_client, buffered_client].each { |c| c.write("GET / HTTP/1.1\r\nHost: x\r\n\r\n") }
     buffered_client.write("GET /two HTTP/1.1\r\nHost: x\r\n\r\n")
-    sleep 0.05
-    assert_operator buffered.fill(0.0), :>, 0 # read into user space: a pipelined request
+    assert_operator fill_arrived(buffered), :>, 0 # read into user space: a pipelined request
     buffered_client.write("X") # and still readable
     @handoff.request_start(0, app_conn, 0.0)
     sleep AFTER * 20
@@ -178,8 +180,7 @@ class HandoffUnitTest < Minitest::Test
   def test_a_parsed_request_moves_with_its_bytes
     conn, client = idle_conn(listener_index: 1)
     client.write("GET /queued?x=1 HTTP/1.1\r\nHost: h\r\n\r\n")
-    sleep 0.05
-    assert_operator conn.fill(12.5), :>, 0
+    assert_operator fill_arrived(conn, 12.5), :>, 0
     env = conn.parse
     assert_equal "/queued", env["PATH_INFO"]
     assert_equal true, conn.pass_request(@sender.fileno)
@@ -192,8 +193,7 @@ class HandoffUnitTest < Minitest::Test
     env = got.parse
     assert_equal ["/queued", "x=1", "second"], env.values_at("PATH_INFO", "QUERY_STRING", "bb.listener")
     assert_nil got.parse, "nothing else was carried"
-    sleep 0.05
-    assert_operator got.fill(0.0), :>, 0
+    assert_operator fill_arrived(got), :>, 0
     assert_equal "/after", got.parse["PATH_INFO"], "then the socket's own bytes"
   end
 
@@ -204,9 +204,8 @@ class HandoffUnitTest < Minitest::Test
     body_client.write("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\nhi")
     piped_client.write("GET /1 HTTP/1.1\r\nHost: h\r\n\r\nGET /2 HTTP/1.1\r\nHost: h\r\n\r\n")
     answered_client.write("GET / HTTP/1.1\r\nHost: h\r\n\r\n")
-    sleep 0.05
     [body, piped, answered].each do |c|
-      c.fill(0.0)
+      fill_arrived(c)
       assert_kind_of Hash, c.parse
     end
     answered.write_response(200, { "content-length" => "2" }, ["ok"], false)
@@ -229,7 +228,7 @@ class HandoffUnitTest < Minitest::Test
   end
 
   def test_request_done_without_request_start_returns_at_once
-    Timeout.timeout(5) do
+    Timeout.timeout(15) do # (a guard against a lock held for ever)
       assert_nil @handoff.request_done(0, 0)
       @handoff.request_start(0, app_conn, 0.0)
       @handoff.request_start(0, app_conn, 0.0) # twice: the lock is released once

@@ -21,6 +21,22 @@ class StatusNumbersTest < Minitest::Test
     assert_operator Blackbuck::RequestCounts::Hist.from_slot(queue).quantile(0.99), :<=, 0.000025
   end
 
+  # Issue 32: a p99 of 8.2 s for requests whose slowest took 5 s. Interpolating within a bucket
+  # assumed requests up to its bound (10 s); a quantile is never reported above the largest request.
+  def test_a_quantile_is_never_above_the_slowest_request
+    board = Blackbuck::Native::Scoreboard.new(1)
+    board.reset(0, Process.pid)
+    98.times { board.request_observed(0, 0, 0.001) }
+    2.times { board.request_observed(0, 0, 5.02) } # the 5-10 s bucket
+    app = Blackbuck::RequestCounts::Hist.from_slot(board.histograms(0)[1])
+    assert_in_delta 5.02, app.max, 1e-6
+    assert_in_delta 5.02, app.quantile(0.99), 1e-6
+    assert_operator app.quantile(0.5), :<=, 0.001
+    board.request_observed(0, 0, 12.5) # past the last bound (10 s): the +Inf bucket
+    assert_in_delta 12.5, Blackbuck::RequestCounts::Hist.from_slot(board.histograms(0)[1]).quantile(0.999), 1e-6,
+                    "in the +Inf bucket, the slowest request (was the last bound, 10 s)"
+  end
+
   def test_durations_below_a_millisecond_are_shown_to_the_microsecond
     ms = Blackbuck::StatusClient.method(:ms)
     assert_equal "0.035ms", ms.call(0.000035)

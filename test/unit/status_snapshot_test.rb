@@ -53,6 +53,26 @@ class StatusSnapshotTest < Minitest::Test
     assert_equal buckets.sort, buckets, "cumulative"
   end
 
+  # Issue 32, item 10: what /status has, /metrics has too, from the same snapshot.
+  def test_metrics_have_memory_per_role_refork_generation_worker_exits_and_build_info
+    exits = Blackbuck::WorkerExits.new(@board)
+    snapshot = Blackbuck::StatusSnapshot.new(children: @children, request_counts: @counts, scoreboard: @board,
+                                             listeners: [], exits: exits)
+    exits.exited(@children.last, Struct.new(:success?).new(false))
+    snap = snapshot.take
+    text = Blackbuck::StatusMetrics.text(snap, snapshot.histograms(snap))
+    assert_equal 1, snap["worker_exits"]["crash"]
+    assert_includes text, %(blackbuck_worker_exits_total{reason="crash"} 1\n)
+    assert_includes text, %(blackbuck_worker_exits_total{reason="ttou"} 0\n)
+    assert_includes text, "# TYPE blackbuck_worker_exits_total counter\n"
+    assert_includes text, %(blackbuck_build_info{version="#{Blackbuck::VERSION}",ruby="#{RUBY_VERSION}"} 1\n)
+    assert_includes text, "blackbuck_refork_generation 0\n"
+    master = snap["processes"].find { |p| p["role"] == "master" }
+    assert_includes text, %(blackbuck_memory_uss_bytes{role="master"} #{master['uss_kib'] * 1024}\n)
+    assert_includes text, %(blackbuck_memory_pss_bytes{role="master"} #{master['pss_kib'] * 1024}\n)
+    refute_match(/role="mold"/, text, "no mold, no sample")
+  end
+
   def test_label_values_are_escaped
     assert_equal %({listener="a\\"b\\\\c\\nd",worker="0"}),
                  Blackbuck::StatusMetrics.labels_text({ "listener" => "a\"b\\c\nd", "worker" => 0 })

@@ -81,10 +81,47 @@ class CliTest < Minitest::Test
     assert_usage_error("-d", "1s", "http://127.0.0.1:#{free_port}/", match: /unable to connect to 127.0.0.1:\d+: Connection refused/)
   end
 
+  # Issue 32, item 11: a socket file whose server has gone, or an abstract name nobody holds, refuses
+  # the connection tried before the run: one line, exit 1, no run (was a whole run of connect errors,
+  # exit 0).
+  def test_unix_socket_nobody_listens_on
+    Dir.mktmpdir("bl-cli") do |dir|
+      path = File.join(dir, "gone.sock")
+      UNIXServer.new(path).close # the file stays; nobody listens
+      assert File.socket?(path)
+      assert_usage_error("-d", "30s", "-P", path, "http://localhost/",
+                         match: /\Ablackbuck-load: unable to connect to UNIX socket #{Regexp.escape(path)}: Connection refused \(is the server listening\?\)$/)
+    end
+  end
+
+  def test_abstract_socket_nobody_holds
+    skip "abstract sockets are Linux-only" unless RUBY_PLATFORM.include?("linux")
+    assert_usage_error("-d", "30s", "-P", "@bl-nobody-#{Process.pid}", "http://localhost/",
+                       match: /unable to connect to UNIX socket @bl-nobody-\d+: Connection refused/)
+  end
+
+  # A space or a control byte in the URL would be sent as is: a space splits the request line, a line
+  # break ends it. Refused before anything connects (the port here has no server: no connect is tried).
+  def test_url_with_a_space_or_control_byte
+    assert_usage_error("http://127.0.0.1:1/a b", match: %r{\Ablackbuck-load: invalid URL: a space, 0x20 after 'http://127\.0\.0\.1:1/a' \(percent-encode it, e\.g\. %20 for a space\)$})
+    assert_usage_error("http://127.0.0.1:1/a\r\nX-Injected: 1", match: %r{invalid URL: a control byte, 0x0d after 'http://127\.0\.0\.1:1/a'})
+    assert_usage_error("http://127.0.0.1:1/?q=\t", match: /invalid URL: a control byte, 0x09 after/)
+    assert_usage_error("http://127.0.0.1:1/\x7f", match: /invalid URL: a control byte, 0x7f after/)
+    assert_usage_error("http://127.0.0.1:1/caf\u00e9", match: /invalid URL: a byte past ASCII, 0xc3 after/)
+    Dir.mktmpdir("bl-cli") do |dir| # with -P the URL gives the path only: checked all the same
+      path = File.join(dir, "app.sock")
+      server = UNIXServer.new(path)
+      assert_usage_error("-P", path, "http://localhost/a b", match: /invalid URL: a space, 0x20 after 'http:\/\/localhost\/a'/)
+    ensure
+      server&.close
+    end
+  end
+
   def test_help_and_version
     r = run_load("--help", limit: 5)
     assert r.success?
     assert_match(/--unix-socket/, r.out)
+    assert_match(/Exit status: 0 when the run got at least one 2xx or 3xx response; 1 when none did/, r.out)
     r = run_load("-v", limit: 5)
     assert r.success?
     assert_match(/blackbuck-load \d+\.\d+\.\d+/, r.out)
