@@ -70,6 +70,7 @@ module Blackbuck
       @stop_signals_seen = 0 # ... and acted on by #tick
       @timeout_notices = 0   # request-timeout notices the app threads were sent (counted in the trap)
       @timeout_notices_seen = 0 # ... and acted on by #tick
+      @timeout_noticed = false # the master's request-timeout notice has come (the slot says :timeout on #replace)
       @exit = false
       @gc_pending = false
       @paused = false
@@ -170,8 +171,8 @@ module Blackbuck
 
     # A request timed out, or the app raised an exception after which this process is not to be
     # trusted (Response::RETIRE): a fresh worker replaces this one, the siblings serve on. The slot
-    # says :unsafe; the master counts a timeout it gave notice of as a timeout (WorkerExits).
-    def replace(why) = retire(why, :unsafe)
+    # says which (WorkerExits): :timeout once the master's notice came, else :unsafe.
+    def replace(why) = retire(why, @timeout_noticed ? :timeout : :unsafe)
 
     def pause_accepting
       return if @paused
@@ -258,7 +259,10 @@ module Blackbuck
       # retires the worker at once (#tick): the master kills one whose request ignores the notice
       # (RequestTimeouts::KILL_GRACE), and the other threads' requests and the idle connections must
       # be done or gone by then.
-      trap(:USR2) { @timeout_notices += 1 if @runner.time_out(@config[:timeout]) }
+      trap(:USR2) do
+        @timeout_noticed = true # (before: Inline's time_out raises into the app from here)
+        @timeout_notices += 1 if @runner.time_out(@config[:timeout])
+      end
       trap(:HUP, "IGNORE")
       trap(:TTIN, "IGNORE")
       trap(:TTOU, "IGNORE")

@@ -288,10 +288,10 @@ class StatusTest < ServerTest
     assert st.success?, err
     assert_match(/master pid #{server.pid}/, out)
 
-    File.write("#{server.dir}/broken.rb", "stats_listen 9393\n")
+    File.write("#{server.dir}/broken.rb", "stats_listen \"127.0.0.1:99999\"\n")
     out, err, st = status_command("-c", "#{server.dir}/broken.rb")
     assert_equal [1, ""], [st.exitstatus, out]
-    assert_equal "blackbuck status: #{server.dir}/broken.rb:1: stats_listen must be a non-empty string, got 9393\n", err
+    assert_equal "blackbuck status: #{server.dir}/broken.rb:1: invalid port in stats_listen address \"127.0.0.1:99999\" (0..65535)\n", err
   end
 
   def test_status_command_pointed_at_an_app_says_it_is_not_a_status_listener
