@@ -20,7 +20,7 @@ class ResponseInjectionTest < ServerTest
       assert_match(/\r\nConnection: close\r\n/i, out)
       refute_match(/^Injected/i, out, "an injected header line reached the wire")
       refute_includes out, "body", "the app's body must not be sent"
-      assert_match(/invalid response/, @server.log)
+      assert_match(/invalid response|app returned status/, @server.log) # (a status out of range names itself)
       io = @server.tcp
       assert_equal 200, request(io, "GET", "/fine").status
     ensure
