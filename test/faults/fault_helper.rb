@@ -12,16 +12,21 @@ require_relative "../test_helper"
 #   :refused     the connection was refused (nothing listens)
 #   :timeout     no byte of an answer within TIMEOUT
 # Clients run in threads against 127.0.0.1 or UNIX sockets until #stop, and for MAX_SECONDS at most.
+# A slow reader (a download client) takes its answer at `rate` bytes a second at most, on a small
+# receive buffer, so its response is still being written when a stop begins.
 class FaultLoad
   TIMEOUT = 20     # seconds a request may take before it counts as :timeout
   MAX_SECONDS = 120 # a load never outlives a hung test
   OUTCOMES = %i[ok status eof_new eof_reused partial refused timeout].freeze
+  READ_CHUNK = 65_536 # bytes a read takes at most
+  SLOW_RCVBUF = 65_536 # bytes: a slow reader's socket receive buffer (no autotuning)
 
-  Client = Struct.new(:name, :connect, :keepalive, :path)
+  Client = Struct.new(:name, :connect, :keepalive, :path, :rate)
+  Pace = Struct.new(:rate, :started, :taken) # a slow reader's: bytes a second, since when, bytes so far
 
   attr_reader :results
 
-  # clients: [[name, -> { a connected socket }, keepalive?, path], ...]
+  # clients: [[name, -> { a connected socket }, keepalive?, path, rate or nil], ...]
   def initialize(clients)
     @results = Hash.new { |h, k| h[k] = [] } # outcome => [[client, detail], ...]
     @lock = Mutex.new
@@ -70,6 +75,7 @@ class FaultLoad
       if io.nil?
         begin
           io = client.connect.call
+          io.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, SLOW_RCVBUF) if client.rate
           served_on_io = 0
         rescue Errno::ECONNREFUSED, Errno::ENOENT
           record(:refused, client)
@@ -95,8 +101,9 @@ class FaultLoad
     io.write("GET #{client.path} HTTP/1.1\r\nHost: x\r\n#{"Connection: close\r\n" unless client.keepalive}\r\n")
     buf = +""
     deadline = now + TIMEOUT
+    pace = client.rate && Pace.new(client.rate, now, 0)
     until (head_end = buf.index("\r\n\r\n"))
-      chunk = read_some(io, deadline)
+      chunk = read_some(io, deadline, pace)
       return [buf.empty? ? (reused ? :eof_reused : :eof_new) : :partial, chunk.to_s, true] unless chunk.is_a?(String)
 
       buf << chunk
@@ -108,7 +115,7 @@ class FaultLoad
 
     body = buf[(head_end + 4)..]
     while body.bytesize < len.to_i
-      chunk = read_some(io, deadline)
+      chunk = read_some(io, deadline, pace)
       return [:partial, "body #{body.bytesize}/#{len}", true] unless chunk.is_a?(String)
 
       body << chunk
@@ -119,11 +126,16 @@ class FaultLoad
     [reused ? :eof_reused : :eof_new, e.class.name, true]
   end
 
-  # A chunk, or :eof / :reset / :timeout.
-  def read_some(io, deadline)
+  # A chunk, or :eof / :reset / :timeout. pace: a slow reader's (nil: it takes all it can), which
+  # waits before each read until what it has taken so far is due at its rate.
+  def read_some(io, deadline, pace = nil)
+    sleep([pace.started + (pace.taken.to_f / pace.rate) - now, 0].max) if pace
     loop do
-      r = io.read_nonblock(65_536, exception: false)
-      return r.nil? ? :eof : r unless r == :wait_readable
+      r = io.read_nonblock(READ_CHUNK, exception: false)
+      unless r == :wait_readable
+        pace.taken += r.bytesize if pace && r
+        return r.nil? ? :eof : r
+      end
 
       left = deadline - now
       return :timeout if left <= 0
@@ -136,10 +148,22 @@ class FaultLoad
 end
 
 class FaultTest < ServerTest
-  # Keep-alive clients over the UNIX socket and connection-per-request clients over TCP.
-  def load_on(server, keepalive: 2, fresh: 2, path: "/")
+  DOWNLOAD_BYTES = 10 * 1024 * 1024 # a slow reader's download (the apps' /download?bytes=N)
+  DOWNLOAD_RATE = 2_000_000         # bytes a second it takes them at: one download lasts ~5 s
+
+  def download_path(bytes = DOWNLOAD_BYTES) = "/download?bytes=#{bytes}"
+
+  # Keep-alive clients over the UNIX socket, connection-per-request clients over TCP, and slow
+  # readers downloading on keep-alive connections (TCP and UNIX in turn), which the apps the suite
+  # runs answer at /download.
+  def load_on(server, keepalive: 2, fresh: 2, path: "/", downloads: 2)
     clients = Array.new(keepalive) { |i| ["unix-ka-#{i}", -> { server.unix }, true, path] } +
-              Array.new(fresh) { |i| ["tcp-#{i}", -> { server.tcp }, false, path] }
+              Array.new(fresh) { |i| ["tcp-#{i}", -> { server.tcp }, false, path] } +
+              Array.new(downloads) do |i|
+                unix = i.odd? && server.unix_path
+                ["#{unix ? 'unix' : 'tcp'}-download-#{i}", unix ? -> { server.unix } : -> { server.tcp }, true,
+                 download_path, DOWNLOAD_RATE]
+              end
     (@loads ||= []) << FaultLoad.new(clients)
     @loads.last
   end
