@@ -40,6 +40,9 @@
 #include <unistd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#ifdef __linux__
+#include <linux/sockios.h> /* SIOCOUTQ */
+#endif
 
 /* Bytes a lingering connection's input is read in (and discarded) per read(2). */
 #define BB_LINGER_READ_CHUNK (64 * 1024)
@@ -512,6 +515,21 @@ static VALUE conn_shorten(VALUE self, VALUE deadline)
     return Qnil;
 }
 
+/* unsent -> bytes of output the kernel still holds for the client: not sent yet or, on TCP, not
+ * acknowledged; on a UNIX socket, not read by the client yet. 0 where the kernel cannot say. A
+ * stopping worker keeps an idle connection whose client has not taken its last answer yet. */
+static VALUE conn_get_unsent(VALUE self)
+{
+    int n = 0;
+#ifdef SIOCOUTQ
+    struct conn *c = get_conn(self);
+    if (c->fd < 0 || ioctl(c->fd, SIOCOUTQ, &n) != 0) n = 0;
+#else
+    (void)self;
+#endif
+    return INT2NUM(n);
+}
+
 static VALUE conn_get_polled(VALUE self) { return get_conn(self)->watched ? Qtrue : Qfalse; }
 
 int bb_conn_watch_slot(VALUE self, int **watched)
@@ -593,6 +611,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "expect_continue?", conn_get_expect_continue, 0);
     rb_define_method(cConn, "chunked?", conn_get_chunked, 0);
     rb_define_method(cConn, "pending_output?", conn_get_pending_output, 0);
+    rb_define_method(cConn, "unsent", conn_get_unsent, 0);
     rb_define_method(cConn, "closed?", conn_get_closed, 0);
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
     rb_define_method(cConn, "buffered", conn_get_buffered, 0);

@@ -48,6 +48,7 @@ module Blackbuck
       # other workers' too, and under an even load that made 1% wait a round longer (p99 61 ms against
       # 51 on the 10 ms app with 2 x 5 threads and 50 clients; a queue of 2 then).
       @queue_max = [@size, QUEUE_MIN].max
+      @retiring = false # stopping while the siblings serve on: idle connections move to them (#move_idle)
       @moved_in = 0
       @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
       @polled = false
@@ -152,6 +153,7 @@ module Blackbuck
     def move_idle
       return 0 unless @socket
 
+      @retiring = true
       intake(false)
       sender = @socket[0].fileno
       moved = 0
@@ -163,6 +165,17 @@ module Blackbuck
       end
       @moved_out += moved
       moved
+    end
+
+    # A retiring worker's connection that becomes idle after the retirement began (its response,
+    # which promised keep-alive, was on its way then): it moves as the idle ones did (#move_idle),
+    # where its client's next request is answered. True when it did (it is gone here).
+    def move_idle_later(conn)
+      return false unless @retiring && conn.pass_idle(@socket[0].fileno)
+
+      @moved_out += 1
+      @conns.moved_away(conn)
+      true
     end
 
     # A stopping worker with no connection left takes what is still on the hand-off socket, one per

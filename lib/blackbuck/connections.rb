@@ -183,11 +183,13 @@ module Blackbuck
     def unwatch(conn) = @poller.unwatch(conn)
 
     # The worker stops: a response from now on says "Connection: close", and idle connections are
-    # kept only until `drain_until` (a request racing the stop is served).
+    # kept only until `drain_until` (a request racing the stop is served), but those whose client has
+    # not taken its last answer yet (Conn#unsent: the kernel still holds some of it): their client is
+    # still reading what promised keep-alive, and sends its next request after that (#finish_response).
     def stopping!
       @stopping = true
       drain_until = now + @stop_idle_seconds
-      @conns.each_value { |c| c.shorten_deadline(drain_until) if c.state == IDLE }
+      @conns.each_value { |c| c.shorten_deadline(drain_until) if c.state == IDLE && c.unsent.zero? }
     end
 
     # A forced stop: every connection closes now, but an app thread's (it ends with the process).
@@ -300,13 +302,20 @@ module Blackbuck
     # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) maybe not
     # at all (Poller#watch makes no system call when it is watched for IN already).
     # True when the next request is read already and may be served now (#progress).
+    #
+    # A stopping worker gets here with keep-alive only for a response whose head was written before
+    # the stop began (every later one says "Connection: close"): its client may read it for seconds
+    # yet (the last byte has only reached the kernel) and then sends its next request here. So the
+    # promise is kept: a retiring worker moves the connection to a sibling now, as it moved its idle
+    # ones when the retirement began (Balancer#move_idle_later); otherwise it stays here for that
+    # request (keepalive_timeout; the stop's graceful_timeout bounds it), answered with
+    # "Connection: close".
     def finish_response(conn, rewatch = @rewatch)
-      # A stopping worker keeps a connection whose response promised keep-alive as long as it
-      # drains idle ones (#stopping!).
-      unless (buffered = conn.next_request(@stopping ? @stop_idle_seconds : @keepalive_timeout))
+      unless (buffered = conn.next_request(@keepalive_timeout))
         close(conn)
         return false
       end
+      return false if @stopping && buffered.zero? && @balancer.move_idle_later(conn)
 
       watch(conn, IN) if rewatch
       return false if buffered.zero?
