@@ -25,8 +25,9 @@
  * Output the client does not take at once is queued, in order: in memory up to response_buffer
  * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
  * memory first, then the spill file, then a response's file body (write_file), which is always
- * the last thing queued. Only output that fits in neither (past the cap, or the file could not be
- * written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
+ * the last thing queued; what no spill file can take (past the caps, or the file could not be
+ * written) is held in memory behind it (BB_OUT_HELD_MAX for the worker). A write never waits for the
+ * client: output that fits in none of them ends the response (its connection closes).
  *
  * This file holds the connection's life (accept, read buffer, body framing, close and linger, the
  * settings); parse is bb_env.c's, the writes and the output queue bb_respond.c's (bb_out.c), the
@@ -569,6 +570,7 @@ static VALUE native_configure(VALUE self, VALUE h)
     s.out.mem_max = NUM2SIZET(setting(h, "response_buffer"));
     s.out.spill_max = (int64_t)spill;
     s.out.pool_max = (int64_t)worker_spill;
+    s.out.held_max = BB_OUT_HELD_MAX;
     s.trust_forwarded_proto = RTEST(setting(h, "trust_forwarded_proto"));
     s.configured = 1;
     bb_settings = s;
