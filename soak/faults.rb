@@ -26,7 +26,10 @@ module FaultSoak
   APP = File.join(__dir__, "faults_app.ru")
 
   WORKERS = 3
-  REFORK_AFTER = [200, 1000, 3000, 6000, 10_000, 20_000, 40_000, 80_000].freeze # requests per generation
+  # Requests a worker of each generation serves before it forks the next one's mold: a first refork
+  # soon, then one about every half minute at the rate this machine serves the mix (~4,000 a second
+  # per worker), for 10 minutes and more.
+  REFORK_AFTER = [2_000, *Array.new(40, 100_000)].freeze
   DOWNLOAD_BYTES = 10 * 1024 * 1024 # a slow reader's download
   DOWNLOAD_RATE = 2_000_000         # bytes a second it is read at
   UPLOAD_BYTES = 200_000            # an upload's body (past body_buffer: spilled to a tempfile)
@@ -43,7 +46,7 @@ module FaultSoak
       @hup_every = hup_every
       @kill_every = kill_every
       @dir = Dir.mktmpdir("bb-fault-soak")
-      @kills = [] # [pid, at]
+      @kills = [] # [pid, just before the kill, just after it]
       @hups = 0
       @problems = []
     end
@@ -114,7 +117,7 @@ module FaultSoak
       @port = Integer(File.read(@log)[%r{listening on http://127\.0\.0\.1:(\d+)}, 1])
       puts "fault soak, --threads #{@threads}: server pid #{@pid}, tcp 127.0.0.1:#{@port}, unix #{@sock}, " \
            "#{@seconds} s, HUP every #{@hup_every} s, a worker SIGKILLed every #{@kill_every} s, " \
-           "refork_after #{REFORK_AFTER.join(', ')}"
+           "refork_after #{REFORK_AFTER.first}, then #{REFORK_AFTER.last} (#{REFORK_AFTER.size} generations)"
     end
 
     # A worker that serves (not stopping, not a mold): one of the master's children, by its title.
@@ -128,8 +131,9 @@ module FaultSoak
       return if serving.empty?
 
       victim = serving.sample
+      before = now
       Process.kill(:KILL, victim)
-      @kills << [victim, now]
+      @kills << [victim, before, now]
     rescue SystemCallError
       nil
     end
@@ -152,16 +156,17 @@ module FaultSoak
     # The kill a loss is put down to, or nil: its connection was the killed worker's (the answer before
     # it came from there), or (not known whose) the kill came while it was on its way.
     def killed_by(sent_at, failed_at, pid)
-      return @kills.find { |victim, at| victim == pid && at <= failed_at } if pid
+      return @kills.find { |victim, before, _| victim == pid && before <= failed_at } if pid
 
-      @kills.find { |_, at| at.between?(sent_at, failed_at) }
+      @kills.find { |_, before, after| sent_at <= after && before <= failed_at }
     end
 
     def report(load)
       lost = losses(load).sort_by(&:failed_at)
       unexplained = lost.reject(&:killed_by)
-      puts format("fault soak, --threads %d: %.0f s, %d HUPs, %d workers SIGKILLed (%s)", @threads, now - @t0, @hups,
-                  @kills.size, @kills.map(&:first).join(", "))
+      reforks = File.read(@log).scan(/forks the mold after/).size
+      puts format("fault soak, --threads %d: %.0f s, %d HUPs, %d reforks, %d workers SIGKILLed (%s)", @threads, now - @t0,
+                  @hups, reforks, @kills.size, @kills.map(&:first).join(", "))
       puts format("  sent %d, ok %d, lost %d (%d on a SIGKILLed worker, %d otherwise)", load.sent, load.ok, lost.size,
                   lost.size - unexplained.size, unexplained.size)
       lost.each do |l|

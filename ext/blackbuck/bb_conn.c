@@ -339,9 +339,10 @@ static VALUE conn_close(VALUE self)
 }
 
 /*
- * Conn.receive(sock_fd, listeners, wake_fd = nil) -> a connection another worker moved here, nil
- * when none is queued, or false for a message that could not be used (its socket is closed).
- * listeners: for each listener index, [env_template, tcp]. wake_fd: the hand-off socket's send end.
+ * Conn.receive(sock_fd, listeners, wake_fd = nil, last = false) -> a connection another worker moved
+ * here, nil when none is queued, or false for a message that could not be used (its socket is
+ * closed). listeners: for each listener index, [env_template, tcp]. wake_fd: the hand-off socket's
+ * send end. last: take it with the smaller reserve of descriptors (no worker with room took it).
  * Raises as bb_conn_take says (bb_conn_table.c) when this worker has no descriptor to spare or the
  * kernel dropped the connection.
  */
@@ -350,12 +351,13 @@ static VALUE conn_s_receive(int argc, VALUE *argv, VALUE klass)
     static char carried[BB_PASS_BYTES_MAX]; /* the loop thread's alone */
     size_t carried_len;
     struct bb_pass p;
-    VALUE sock, listeners, wake, entry, addr, obj;
+    VALUE sock, listeners, wake, last, entry, addr, obj;
     struct conn *c;
     int fd;
-    rb_scan_args(argc, argv, "21", &sock, &listeners, &wake);
+    rb_scan_args(argc, argv, "22", &sock, &listeners, &wake, &last);
     require_settings();
-    fd = bb_conn_take(NUM2INT(sock), NIL_P(wake) ? -1 : NUM2INT(wake), &p, carried, sizeof(carried), &carried_len);
+    fd = bb_conn_take(NUM2INT(sock), NIL_P(wake) ? -1 : NUM2INT(wake), RTEST(last), &p, carried, sizeof(carried),
+                      &carried_len);
     if (fd == BB_TAKE_NONE) return Qnil;
     if (fd == BB_TAKE_UNUSABLE) return Qfalse;
     Check_Type(listeners, T_ARRAY);
@@ -397,6 +399,15 @@ static VALUE conn_pass(VALUE self, VALUE sock)
     struct conn *c = get_conn(self);
     if (c->fd < 0) return Qfalse;
     return bb_conn_pass(c->fd, NUM2INT(sock), mono_now(), BB_PASS_OWNER) == 1 ? Qtrue : Qfalse;
+}
+
+/* Conn.pass_wake(sock_fd) -> true when a wake-up went to the hand-off socket (bb_pass_wake): a worker
+ * that could not accept (EMFILE) had the listener's one wake-up (EPOLLEXCLUSIVE), so the worker this
+ * wakes looks at its listeners (Balancer#adopt_one) and the queued connection is not stranded. */
+static VALUE conn_s_pass_wake(VALUE klass, VALUE sock)
+{
+    (void)klass;
+    return bb_pass_wake(NUM2INT(sock)) == 0 ? Qtrue : Qfalse;
 }
 
 /* pass_idle(sock_fd) -> as #pass, for a connection whose next request has not begun too: a worker
@@ -595,6 +606,7 @@ void bb_init_conn(void)
     rb_define_singleton_method(cConn, "receive", conn_s_receive, -1);
     rb_define_method(cConn, "pass", conn_pass, 1);
     rb_define_method(cConn, "pass_idle", conn_pass_idle, 1);
+    rb_define_singleton_method(cConn, "pass_wake", conn_s_pass_wake, 1);
     rb_define_method(cConn, "pass_request", conn_pass_request, 1);
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);

@@ -165,6 +165,8 @@ module Blackbuck
       retire("reached #{limit} requests (max_requests_per_child)")
     end
 
+    def paused? = @paused
+
     def pause_accepting
       return if @paused
 
@@ -179,6 +181,14 @@ module Blackbuck
       @paused = @connections.paused = false
       @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) } unless @listeners_closed
       @balancer.intake(true) unless @runner.saturated?
+    end
+
+    # A sibling passed on a wake-up it could not use (Balancer#adopt_one): connections may wait in a
+    # listen queue that woke only that sibling (EPOLLEXCLUSIVE), which could not accept them.
+    def accept_stranded
+      return if @stopping || @paused || @listeners_closed
+
+      @listener_by_fd.each_value { |l| accept_from(l) }
     end
 
     # The server stops (Supervisor#shutdown: STOP_MESSAGE on the control pipe, then
@@ -318,7 +328,9 @@ module Blackbuck
         "accept: #{e.message} (open connections: #{@conns.size}); pausing accept, logged again when it resumes"
       end
       pause_accepting
+      @balancer.pass_wake # the listener woke this worker alone: a sibling takes what waits there
     end
+
 
     def on_control
       msg = @control.read_nonblock(64, exception: false)
