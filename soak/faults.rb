@@ -7,9 +7,10 @@
 # and once with --threads 4 (SOAK_MODES).
 #
 # Verdict: only what was in flight on a SIGKILLed worker may be lost. A lost request is put down to
-# a kill when the answer before it on the same connection came from the killed worker (its
-# x-worker-pid: the connection was that worker's), or, when that is not known (the first request of
-# a connection), when the kill fell between its sending and its failure. Anything else lost fails
+# a kill when the killed worker was answering it (its head came, with x-worker-pid, before it broke
+# off) or, without a head, answered the request before it on the same connection (the connection
+# was that worker's); or when the kill fell between its sending and its failure (whose it was is not
+# always known: the first request of a connection, a connection moved to another worker). Anything else lost fails
 # the run; each lost request is printed with its reason.
 #
 #   SOAK_SECONDS=600 ruby soak/faults.rb    (bundle exec rake soak:faults; per mode)
@@ -153,12 +154,12 @@ module FaultSoak
       end
     end
 
-    # The kill a loss is put down to, or nil: its connection was the killed worker's (the answer before
-    # it came from there), or (not known whose) the kill came while it was on its way.
+    # The kill a loss is put down to, or nil: the killed worker answered it, or its connection was that
+    # worker's (the answer before it came from there), or the kill came while it was on its way.
     def killed_by(sent_at, failed_at, pid)
-      return @kills.find { |victim, before, _| victim == pid && before <= failed_at } if pid
-
-      @kills.find { |_, before, after| sent_at <= after && before <= failed_at }
+      @kills.find do |victim, before, after|
+        before <= failed_at && (victim == pid || sent_at <= after)
+      end
     end
 
     def report(load)
@@ -171,7 +172,7 @@ module FaultSoak
                   lost.size - unexplained.size, unexplained.size)
       lost.each do |l|
         why = l.killed_by ? "SIGKILL of worker #{l.killed_by[0]} at #{format('%.1f', l.killed_by[1] - @t0)} s" : "NOT a SIGKILL"
-        puts format("  lost: %-24s %-10s %-32s sent at %7.1f s, failed at %7.1f s, connection's worker %s: %s",
+        puts format("  lost: %-24s %-10s %-32s sent at %7.1f s, failed at %7.1f s, worker %s: %s",
                     l.client, l.outcome, l.detail.to_s, l.sent_at - @t0, l.failed_at - @t0, l.pid || "?", why)
       end
       @problems << "#{unexplained.size} requests lost that were not on a SIGKILLed worker" if unexplained.any?

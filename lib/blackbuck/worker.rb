@@ -331,7 +331,6 @@ module Blackbuck
       @balancer.pass_wake # the listener woke this worker alone: a sibling takes what waits there
     end
 
-
     def on_control
       msg = @control.read_nonblock(64, exception: false)
       return if msg == :wait_readable

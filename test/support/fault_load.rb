@@ -16,7 +16,8 @@ require "socket"
 # receive buffer, so its response is still being written when a stop begins; an upload client sends
 # a body with each request (POST). Each request that is not :ok is kept with what the soak
 # (soak/faults.rb) needs to say why: [client, detail, sent at, failed at (CLOCK_MONOTONIC), the pid
-# of the worker that answered the connection's previous request (its x-worker-pid header) or nil].
+# of the worker that was answering it (its head came: x-worker-pid) or else that answered the
+# connection's previous request, or nil].
 # Used by test/faults (fault_helper.rb) and the fault soak.
 class FaultLoad
   TIMEOUT = 20     # seconds a request may take before it counts as :timeout
@@ -98,7 +99,7 @@ class FaultLoad
       @lock.synchronize { @sent += 1 }
       sent_at = now
       outcome, detail, close, answered_by = exchange(io, client, served_on_io.positive?)
-      record(outcome, client, detail, sent_at, pid)
+      record(outcome, client, detail, sent_at, answered_by || pid)
       pid = answered_by
       served_on_io += 1
       if close || !client.keepalive || outcome != :ok
