@@ -9,8 +9,10 @@
 # Verdict: only what was in flight on a SIGKILLed worker may be lost. A lost request is put down to
 # a kill when the killed worker was answering it (its head came, with x-worker-pid, before it broke
 # off) or, without a head, answered the request before it on the same connection (the connection
-# was that worker's); or when the kill fell between its sending and its failure (whose it was is not
-# always known: the first request of a connection, a connection moved to another worker). Anything else lost fails
+# was that worker's); or when the kill fell between its sending (on a connection that had served
+# before, the sending of the request before it: a connection may move to another worker meanwhile)
+# and its failure, since whose it was is not always known (the first request of a connection, a
+# connection moved). Anything else lost fails
 # the run; each lost request is printed with its reason.
 #
 #   SOAK_SECONDS=600 ruby soak/faults.rb    (bundle exec rake soak:faults; per mode)
@@ -39,6 +41,7 @@ module FaultSoak
 
   # A request lost, and why.
   Loss = Struct.new(:client, :outcome, :detail, :sent_at, :failed_at, :pid, :killed_by)
+  MOVABLE = %i[eof_reused].freeze # losses before any byte on a connection that served before: it may have moved
 
   class Run
     def initialize(threads, seconds:, hup_every:, kill_every:)
@@ -148,17 +151,18 @@ module FaultSoak
 
     def losses(load)
       load.results.flat_map do |outcome, list|
-        list.map do |client, detail, sent_at, failed_at, pid|
-          Loss.new(client, outcome, detail, sent_at, failed_at, pid, killed_by(sent_at, failed_at, pid))
+        list.map do |client, detail, sent_at, failed_at, pid, previous|
+          since = MOVABLE.include?(outcome) && previous ? previous : sent_at
+          Loss.new(client, outcome, detail, sent_at, failed_at, pid, killed_by(since, failed_at, pid))
         end
       end
     end
 
     # The kill a loss is put down to, or nil: the killed worker answered it, or its connection was that
     # worker's (the answer before it came from there), or the kill came while it was on its way.
-    def killed_by(sent_at, failed_at, pid)
+    def killed_by(since, failed_at, pid)
       @kills.find do |victim, before, after|
-        before <= failed_at && (victim == pid || sent_at <= after)
+        before <= failed_at && (victim == pid || since <= after)
       end
     end
 

@@ -17,7 +17,7 @@ require "socket"
 # a body with each request (POST). Each request that is not :ok is kept with what the soak
 # (soak/faults.rb) needs to say why: [client, detail, sent at, failed at (CLOCK_MONOTONIC), the pid
 # of the worker that was answering it (its head came: x-worker-pid) or else that answered the
-# connection's previous request, or nil].
+# connection's previous request, or nil; when the connection's previous request was sent, or nil].
 # Used by test/faults (fault_helper.rb) and the fault soak.
 class FaultLoad
   TIMEOUT = 20     # seconds a request may take before it counts as :timeout
@@ -33,7 +33,7 @@ class FaultLoad
 
   # clients: [[name, -> { a connected socket }, keepalive?, path, rate or nil, upload body or nil], ...]
   def initialize(clients, max_seconds: MAX_SECONDS)
-    @results = Hash.new { |h, k| h[k] = [] } # outcome => [[client, detail, sent at, failed at, pid], ...] (not :ok)
+    @results = Hash.new { |h, k| h[k] = [] } # outcome => [[client, detail, sent at, failed at, pid, previous sent at], ...] (not :ok)
     @ok = 0
     @lock = Mutex.new
     @stop = false
@@ -70,11 +70,11 @@ class FaultLoad
 
   def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-  def record(outcome, client, detail = nil, sent_at = now, pid = nil)
+  def record(outcome, client, detail = nil, sent_at = now, pid = nil, previous = nil)
     @lock.synchronize do
       next @ok += 1 if outcome == :ok
 
-      @results[outcome] << [client.name, detail, sent_at, now, pid]
+      @results[outcome] << [client.name, detail, sent_at, now, pid, previous]
     end
   end
 
@@ -83,13 +83,14 @@ class FaultLoad
     io = nil
     served_on_io = 0
     pid = nil # of the worker that answered on io last
+    previous = nil # when the request before on io was sent
     until @stop || now > deadline
       if io.nil?
         begin
           io = client.connect.call
           io.setsockopt(Socket::SOL_SOCKET, Socket::SO_RCVBUF, SLOW_RCVBUF) if client.rate
           served_on_io = 0
-          pid = nil
+          pid = previous = nil
         rescue Errno::ECONNREFUSED, Errno::ENOENT
           record(:refused, client)
           sleep 0.01
@@ -99,8 +100,9 @@ class FaultLoad
       @lock.synchronize { @sent += 1 }
       sent_at = now
       outcome, detail, close, answered_by = exchange(io, client, served_on_io.positive?)
-      record(outcome, client, detail, sent_at, answered_by || pid)
+      record(outcome, client, detail, sent_at, answered_by || pid, previous)
       pid = answered_by
+      previous = sent_at
       served_on_io += 1
       if close || !client.keepalive || outcome != :ok
         io.close
