@@ -183,8 +183,8 @@ module Blackbuck
       @balancer.intake(true) unless @runner.saturated?
     end
 
-    # A sibling passed on a wake-up it could not use (Balancer#adopt_one): connections may wait in a
-    # listen queue that woke only that sibling (EPOLLEXCLUSIVE), which could not accept them.
+    # A sibling passed on a wake-up it could not use (Balancer#adopt_one), or a tick: connections may
+    # wait in a listen queue that woke only a sibling (EPOLLEXCLUSIVE), which could not accept them.
     def accept_stranded
       return if @stopping || @paused || @listeners_closed
 
@@ -428,6 +428,9 @@ module Blackbuck
       end
       @connections.expire(t)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
+      # a listen queue whose one wake-up went to a worker that could not accept (EPOLLEXCLUSIVE) waits
+      # a tick at most, even when the wake-up that worker passed on was taken with a connection behind it
+      accept_stranded
       check_memory unless @stopping
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
       @balancer.tick
