@@ -38,6 +38,9 @@ module FaultSoak
   UPLOAD_BYTES = 200_000            # an upload's body (past body_buffer: spilled to a tempfile)
   BOOT_SECONDS = 60                 # the server has this long to start, and to stop
   TAIL_SECONDS = 60                 # the load may outlive the run by this much (its last answers)
+  KILL_SETTLE_SECONDS = 0.2         # a SIGKILL takes effect after kill(2) returns (the kernel stops the
+                                    # worker, then closes its sockets): a request sent this long after
+                                    # may still have been accepted by it
 
   # A request lost, and why.
   Loss = Struct.new(:client, :outcome, :detail, :sent_at, :failed_at, :pid, :killed_by)
@@ -162,7 +165,7 @@ module FaultSoak
     # worker's (the answer before it came from there), or the kill came while it was on its way.
     def killed_by(since, failed_at, pid)
       @kills.find do |victim, before, after|
-        before <= failed_at && (victim == pid || since <= after)
+        before <= failed_at && (victim == pid || since <= after + KILL_SETTLE_SECONDS)
       end
     end
 
