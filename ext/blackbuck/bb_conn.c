@@ -25,8 +25,9 @@
  * Output the client does not take at once is queued, in order: in memory up to response_buffer
  * bytes, then in an anonymous spill file in $TMPDIR up to max_response_spill bytes; flush sends
  * memory first, then the spill file, then a response's file body (write_file), which is always
- * the last thing queued. Only output that fits in neither (past the cap, or the file could not be
- * written) makes a write wait for the client, at most write_timeout_ms while it takes nothing.
+ * the last thing queued; what no spill file can take (past the caps, or the file could not be
+ * written) is held in memory behind it (BB_OUT_HELD_MAX for the worker). A write never waits for the
+ * client: output that fits in none of them ends the response (its connection closes).
  *
  * This file holds the connection's life (accept, read buffer, body framing, close and linger, the
  * settings); parse is bb_env.c's, the writes and the output queue bb_respond.c's (bb_out.c), the
@@ -40,6 +41,9 @@
 #include <unistd.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#ifdef __linux__
+#include <linux/sockios.h> /* SIOCOUTQ */
+#endif
 
 /* Bytes a lingering connection's input is read in (and discarded) per read(2). */
 #define BB_LINGER_READ_CHUNK (64 * 1024)
@@ -335,9 +339,10 @@ static VALUE conn_close(VALUE self)
 }
 
 /*
- * Conn.receive(sock_fd, listeners, wake_fd = nil) -> a connection another worker moved here, nil
- * when none is queued, or false for a message that could not be used (its socket is closed).
- * listeners: for each listener index, [env_template, tcp]. wake_fd: the hand-off socket's send end.
+ * Conn.receive(sock_fd, listeners, wake_fd = nil, last = false) -> a connection another worker moved
+ * here, nil when none is queued, or false for a message that could not be used (its socket is
+ * closed). listeners: for each listener index, [env_template, tcp]. wake_fd: the hand-off socket's
+ * send end. last: take it with the smaller reserve of descriptors (no worker with room took it).
  * Raises as bb_conn_take says (bb_conn_table.c) when this worker has no descriptor to spare or the
  * kernel dropped the connection.
  */
@@ -346,12 +351,13 @@ static VALUE conn_s_receive(int argc, VALUE *argv, VALUE klass)
     static char carried[BB_PASS_BYTES_MAX]; /* the loop thread's alone */
     size_t carried_len;
     struct bb_pass p;
-    VALUE sock, listeners, wake, entry, addr, obj;
+    VALUE sock, listeners, wake, last, entry, addr, obj;
     struct conn *c;
     int fd;
-    rb_scan_args(argc, argv, "21", &sock, &listeners, &wake);
+    rb_scan_args(argc, argv, "22", &sock, &listeners, &wake, &last);
     require_settings();
-    fd = bb_conn_take(NUM2INT(sock), NIL_P(wake) ? -1 : NUM2INT(wake), &p, carried, sizeof(carried), &carried_len);
+    fd = bb_conn_take(NUM2INT(sock), NIL_P(wake) ? -1 : NUM2INT(wake), RTEST(last), &p, carried, sizeof(carried),
+                      &carried_len);
     if (fd == BB_TAKE_NONE) return Qnil;
     if (fd == BB_TAKE_UNUSABLE) return Qfalse;
     Check_Type(listeners, T_ARRAY);
@@ -393,6 +399,15 @@ static VALUE conn_pass(VALUE self, VALUE sock)
     struct conn *c = get_conn(self);
     if (c->fd < 0) return Qfalse;
     return bb_conn_pass(c->fd, NUM2INT(sock), mono_now(), BB_PASS_OWNER) == 1 ? Qtrue : Qfalse;
+}
+
+/* Conn.pass_wake(sock_fd) -> true when a wake-up went to the hand-off socket (bb_pass_wake): a worker
+ * that could not accept (EMFILE) had the listener's one wake-up (EPOLLEXCLUSIVE), so the worker this
+ * wakes looks at its listeners (Balancer#adopt_one) and the queued connection is not stranded. */
+static VALUE conn_s_pass_wake(VALUE klass, VALUE sock)
+{
+    (void)klass;
+    return bb_pass_wake(NUM2INT(sock)) == 0 ? Qtrue : Qfalse;
 }
 
 /* pass_idle(sock_fd) -> as #pass, for a connection whose next request has not begun too: a worker
@@ -512,6 +527,21 @@ static VALUE conn_shorten(VALUE self, VALUE deadline)
     return Qnil;
 }
 
+/* unsent -> bytes of output the kernel still holds for the client: not sent yet or, on TCP, not
+ * acknowledged; on a UNIX socket, not read by the client yet. 0 where the kernel cannot say. A
+ * stopping worker keeps an idle connection whose client has not taken its last answer yet. */
+static VALUE conn_get_unsent(VALUE self)
+{
+    int n = 0;
+#ifdef SIOCOUTQ
+    struct conn *c = get_conn(self);
+    if (c->fd < 0 || ioctl(c->fd, SIOCOUTQ, &n) != 0) n = 0;
+#else
+    (void)self;
+#endif
+    return INT2NUM(n);
+}
+
 static VALUE conn_get_polled(VALUE self) { return get_conn(self)->watched ? Qtrue : Qfalse; }
 
 int bb_conn_watch_slot(VALUE self, int **watched)
@@ -551,6 +581,7 @@ static VALUE native_configure(VALUE self, VALUE h)
     s.out.mem_max = NUM2SIZET(setting(h, "response_buffer"));
     s.out.spill_max = (int64_t)spill;
     s.out.pool_max = (int64_t)worker_spill;
+    s.out.held_max = BB_OUT_HELD_MAX;
     s.trust_forwarded_proto = RTEST(setting(h, "trust_forwarded_proto"));
     s.configured = 1;
     bb_settings = s;
@@ -575,6 +606,7 @@ void bb_init_conn(void)
     rb_define_singleton_method(cConn, "receive", conn_s_receive, -1);
     rb_define_method(cConn, "pass", conn_pass, 1);
     rb_define_method(cConn, "pass_idle", conn_pass_idle, 1);
+    rb_define_singleton_method(cConn, "pass_wake", conn_s_pass_wake, 1);
     rb_define_method(cConn, "pass_request", conn_pass_request, 1);
     rb_define_method(cConn, "moved?", conn_get_moved, 0);
     rb_define_method(cConn, "fill", conn_fill, 1);
@@ -593,6 +625,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "expect_continue?", conn_get_expect_continue, 0);
     rb_define_method(cConn, "chunked?", conn_get_chunked, 0);
     rb_define_method(cConn, "pending_output?", conn_get_pending_output, 0);
+    rb_define_method(cConn, "unsent", conn_get_unsent, 0);
     rb_define_method(cConn, "closed?", conn_get_closed, 0);
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
     rb_define_method(cConn, "buffered", conn_get_buffered, 0);

@@ -162,7 +162,7 @@ static inline void table_drop(struct conn *c)
 /* Takes a moved connection off the hand-off socket (Conn.receive): its fd, or one of these. */
 #define BB_TAKE_NONE (-1)     /* nothing is queued */
 #define BB_TAKE_UNUSABLE (-2) /* a message that could not be used (its socket is closed) */
-int bb_conn_take(int sock, int wake, struct bb_pass *p, char *bytes, size_t cap, size_t *len);
+int bb_conn_take(int sock, int wake, int last, struct bb_pass *p, char *bytes, size_t cap, size_t *len);
 /* Moves c with the request it read (Conn#pass_request): 1 moved, 0 it may not (or the send failed), -1 the queue is full. */
 int bb_conn_pass_request(struct conn *c, int sock);
 

@@ -132,19 +132,24 @@ int bb_conn_pass(int fd, int sock, double now, int owner)
  * responses open: files, spill files, file bodies). With fewer it leaves the connection queued for a
  * worker with room (bb_conn_take). */
 #define BB_RECEIVE_FD_RESERVE 32
+/* Descriptors a worker keeps free when it takes a moved connection that no worker with
+ * BB_RECEIVE_FD_RESERVE to spare took (Balancer#adopt, after BB_RECEIVE_STRANDED_SECONDS): the
+ * connection's own, and a few for what its request opens. */
+#define BB_RECEIVE_FD_RESERVE_LAST 4
 
 /*
- * bb_conn_take(sock, wake, p, bytes, cap, len) -> the fd of a connection another worker moved here,
+ * bb_conn_take(sock, wake, last, p, bytes, cap, len) -> the fd of a connection another worker moved here,
  * with its record in *p and the bytes of a request the sender had read in bytes[0, *len);
  * BB_TAKE_NONE when none is queued, BB_TAKE_UNUSABLE for a message that could not be used (its
  * socket is closed). wake: the hand-off socket's send end, or -1. Raises Errno::EMFILE (or ENFILE)
- * when this worker has fewer than BB_RECEIVE_FD_RESERVE descriptors free (bb_pass_room) and
+ * when this worker has fewer than BB_RECEIVE_FD_RESERVE descriptors free (BB_RECEIVE_FD_RESERVE_LAST
+ * when last is set: no worker with room took it, and it must not be stranded) (bb_pass_room) and
  * something is queued: nothing is taken, a connection stays queued for another worker, and the
  * wake-up this worker took for it goes to the others (bb_pass_wake; the caller stops polling the
  * socket). Raises Errno::ECONNABORTED when the kernel dropped the socket anyway (the table filled up
  * in between): that connection is lost. Both are counted in the worker's scoreboard slot.
  */
-int bb_conn_take(int sock, int wake, struct bb_pass *p, char *bytes, size_t cap, size_t *len)
+int bb_conn_take(int sock, int wake, int last, struct bb_pass *p, char *bytes, size_t cap, size_t *len)
 {
     int fd, next;
     *len = 0;
@@ -152,7 +157,7 @@ int bb_conn_take(int sock, int wake, struct bb_pass *p, char *bytes, size_t cap,
      * often), then the room check (a dup, a close, a getrlimit) only for a message. */
     next = bb_pass_next(sock);
     if (next == BB_PASS_NEXT_NONE) return BB_TAKE_NONE;
-    if (!bb_pass_room(sock, BB_RECEIVE_FD_RESERVE)) {
+    if (!bb_pass_room(sock, last ? BB_RECEIVE_FD_RESERVE_LAST : BB_RECEIVE_FD_RESERVE)) {
         int err = errno;
         if (next == BB_PASS_NEXT_CONN) {
             bb_pass_failed(BB_HANDOFF_REFUSED);

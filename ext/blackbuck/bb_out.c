@@ -36,9 +36,18 @@ void bb_out_file_close(struct bb_out *o)
     o->file_off = o->file_end = 0;
 }
 
+static void held_free(struct bb_out *o, struct bb_spill_pool *pool)
+{
+    pool->held -= (int64_t)o->held_len;
+    free(o->held);
+    o->held = NULL;
+    o->held_cap = o->held_off = o->held_len = 0;
+}
+
 void bb_out_release(struct bb_out *o, struct bb_spill_pool *pool)
 {
     spill_close(o, pool);
+    held_free(o, pool);
     bb_out_file_close(o);
     free(o->buf);
     o->buf = NULL;
@@ -58,7 +67,7 @@ void bb_out_trim(struct bb_out *o)
 static ptrdiff_t mem_append(struct bb_out *o, size_t mem_max, const char *p, size_t n)
 {
     size_t pending = o->len - o->off;
-    if (o->spill_fd >= 0 || pending >= mem_max) return 0;
+    if (o->spill_fd >= 0 || o->held_len > 0 || pending >= mem_max) return 0;
     if (n > mem_max - pending) n = mem_max - pending;
     if (n == 0) return 0;
     if (o->len + n > o->cap && o->off > 0) { /* compact before growing */
@@ -119,10 +128,39 @@ static int spill_fail(struct bb_out *o, struct bb_spill_pool *pool, const char *
     return -1;
 }
 
+/* Appends what it can of iov[*i, cnt) to the held memory, while the process's held bytes stay
+ * within held_max. 0, or -1 (ENOMEM). */
+static int held_append(struct bb_out *o, struct bb_spill_pool *pool, int64_t held_max, struct iovec *iov, int *i,
+                       int cnt)
+{
+    while (*i < cnt && pool->held < held_max) {
+        size_t n = iov[*i].iov_len, room = (size_t)(held_max - pool->held);
+        if (n > room) n = room;
+        if (o->held_len + n > o->held_cap) {
+            size_t ncap = o->held_cap ? o->held_cap : BB_OUT_INITIAL;
+            char *nb;
+            while (ncap < o->held_len + n) ncap *= 2;
+            nb = realloc(o->held, ncap);
+            if (!nb) {
+                errno = ENOMEM;
+                return -1;
+            }
+            o->held = nb;
+            o->held_cap = ncap;
+        }
+        memcpy(o->held + o->held_len, iov[*i].iov_base, n);
+        o->held_len += n;
+        pool->held += (int64_t)n;
+        bb_iov_skip(iov, i, cnt, n);
+    }
+    return 0;
+}
+
 int bb_out_queue(struct bb_out *o, struct bb_spill_pool *pool, const struct bb_out_limits *lim, struct iovec *iov,
                  int *i, int cnt, const char **op)
 {
-    while (*i < cnt && o->spill_fd < 0) {
+    int r = 0, err = 0;
+    while (*i < cnt && o->spill_fd < 0 && o->held_len == 0) {
         size_t n = iov[*i].iov_len;
         ptrdiff_t took = mem_append(o, lim->mem_max, iov[*i].iov_base, n);
         if (took < 0) {
@@ -132,14 +170,17 @@ int bb_out_queue(struct bb_out *o, struct bb_spill_pool *pool, const struct bb_o
         bb_iov_skip(iov, i, cnt, (size_t)took);
         if ((size_t)took < n) break;
     }
-    while (*i < cnt && !o->spill_failed && o->spill_len < lim->spill_max && pool->total < lim->pool_max) {
+    while (*i < cnt && !o->spill_failed && o->held_len == 0 && o->spill_len < lim->spill_max &&
+           pool->total < lim->pool_max) {
         /* at most IOV_MAX entries and the room left under both caps (the last entry cut to fit) */
         int64_t left = lim->spill_max - o->spill_len, pool_left = lim->pool_max - pool->total;
         size_t room = (size_t)(left < pool_left ? left : pool_left), sum = 0, cut_len = 0;
         int k, batch = cnt - *i > IOV_MAX ? IOV_MAX : cnt - *i, cut = -1;
         ssize_t w;
-        if (o->spill_fd < 0 && (o->spill_fd = bb_out_spill_open(bb_out_spill_dir())) < 0)
-            return spill_fail(o, pool, "open", errno, op);
+        if (o->spill_fd < 0 && (o->spill_fd = bb_out_spill_open(bb_out_spill_dir())) < 0) {
+            r = spill_fail(o, pool, "open", errno, op);
+            break;
+        }
         for (k = 0; k < batch; k++) {
             if (iov[*i + k].iov_len > room - sum) {
                 cut = *i + k;
@@ -154,13 +195,20 @@ int bb_out_queue(struct bb_out *o, struct bb_spill_pool *pool, const struct bb_o
         if (cut >= 0) iov[cut].iov_len = cut_len;
         if (w <= 0) {
             if (w < 0 && errno == EINTR) continue;
-            return spill_fail(o, pool, "write", w < 0 ? errno : EIO, op);
+            r = spill_fail(o, pool, "write", w < 0 ? errno : EIO, op);
+            break;
         }
         o->spill_len += w;
         pool->total += w;
         bb_iov_skip(iov, i, cnt, (size_t)w);
     }
-    return 0;
+    err = errno;
+    if (*i < cnt && held_append(o, pool, lim->held_max, iov, i, cnt) < 0 && r == 0) {
+        *op = NULL;
+        return -1; /* ENOMEM */
+    }
+    errno = err;
+    return r;
 }
 
 /* Sends up to n bytes of file fd from offset off to socket sock: sendfile(2), or where it is not
@@ -216,6 +264,16 @@ int bb_out_flush(struct bb_out *o, int sock, struct bb_spill_pool *pool)
         budget -= (size_t)w;
     }
     spill_close(o, pool);
+    while (o->held_off < o->held_len) {
+        ssize_t w = write(sock, o->held + o->held_off, o->held_len - o->held_off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return BB_OUT_PENDING;
+            return BB_OUT_FAILED;
+        }
+        o->held_off += (size_t)w;
+    }
+    if (o->held) held_free(o, pool);
     budget = BB_FILE_FLUSH_MAX;
     while (o->file_off < o->file_end) {
         size_t n = (size_t)(o->file_end - o->file_off);

@@ -1,12 +1,13 @@
 /*
  * bb_out.h - a connection's output queue: the response bytes its client has not taken yet, in
  * order: in memory (up to a limit), then in an anonymous spill file (up to a limit per connection
- * and one for all of the process's spill files together), then a response's file body, which is
- * always the last thing queued. Pure C (no Ruby), tested alone under ASan (test/c/test_out.c).
+ * and one for all of the process's spill files together), then held in memory (what no spill file
+ * could take; a limit for the process), then a response's file body, which is always the last
+ * thing queued. Pure C (no Ruby), tested alone under ASan (test/c/test_out.c).
  *
  * The caller owns the queue (struct bb_out, one per connection), the process's spill account
  * (struct bb_spill_pool, one per process) and the limits, and decides what to do when bytes fit
- * nowhere (the glue waits for the client). Nothing here blocks: the socket is non-blocking.
+ * nowhere (the glue ends that response). Nothing here blocks: the socket is non-blocking.
  *
  * Return contract of bb_out_flush: BB_OUT_DONE (nothing left), BB_OUT_PENDING (the socket would
  * block, or a turn's byte budget is spent: call again when it is writable), BB_OUT_FAILED (errno:
@@ -33,6 +34,11 @@
 /* Bytes one flush sends from a response's file body at most (a download served with sendfile), for
  * the same reason as BB_SPILL_FLUSH_MAX: a fast reader of a large file gets its next turn later. */
 #define BB_FILE_FLUSH_MAX (4 * 1024 * 1024)
+/* Bytes of response that neither the memory queue nor a spill file could take (the spill directory is
+ * full or unwritable, max_response_spill or max_worker_spill reached), held in memory behind them for
+ * all of a process's connections together (bb_out_limits.held_max in Blackbuck): a slow reader's
+ * answer then waits in the event loop like any other output, and the worker never waits for it. */
+#define BB_OUT_HELD_MAX (64 * 1024 * 1024)
 
 /* Results of bb_out_flush (the first three are also Native::Conn's WRITE_DONE, WRITE_PENDING, WRITE_FAILED). */
 #define BB_OUT_DONE 0
@@ -44,6 +50,8 @@ struct bb_out_limits {
     size_t mem_max;    /* bytes queued in memory per connection (response_buffer); past it, spill */
     int64_t spill_max; /* bytes of spill file per connection (max_response_spill); 0 = never spill */
     int64_t pool_max;  /* bytes of all the process's spill files together (max_worker_spill) */
+    int64_t held_max;  /* bytes of all the process's queues held in memory behind a spill that could take
+                        * no more (BB_OUT_HELD_MAX); 0 = none */
 };
 
 /* What every connection of a process shares: disk use stays bounded however many connections stop
@@ -51,6 +59,7 @@ struct bb_out_limits {
 struct bb_spill_pool {
     int64_t total; /* bytes in all spill files now */
     int copy;      /* the spill directory's filesystem cannot sendfile(2): spill files are copied */
+    int64_t held;  /* bytes in all queues' held memory now (bb_out_limits.held_max) */
 };
 
 struct bb_out {
@@ -59,8 +68,12 @@ struct bb_out {
     size_t cap, off, len;
     /* then [spill_off, spill_len) of the spill file (spill_fd; -1 when not spilling) */
     int spill_fd;
-    int spill_failed; /* the spill file could not be made or written: the caller waits instead, until bb_out_next */
+    int spill_failed; /* the spill file could not be made or written: no more spilling until bb_out_next */
     int64_t spill_off, spill_len;
+    /* then held[held_off, held_len): what the spill file could not take, in memory (held_max); once
+     * anything is here, everything queued after it comes here too, so the order stays */
+    char *held;
+    size_t held_cap, held_off, held_len;
     /* then a response's file body: [file_off, file_end) of file_fd; -1 when none. Nothing is ever
      * queued behind it: the next response starts once it is sent. */
     int file_fd;
@@ -79,7 +92,7 @@ static inline void bb_out_init(struct bb_out *o)
 /* 1 when anything is queued (memory, spill file or file body). */
 static inline int bb_out_queued(const struct bb_out *o)
 {
-    return o->off < o->len || o->spill_fd >= 0 || o->file_fd >= 0;
+    return o->off < o->len || o->spill_fd >= 0 || o->held_len > 0 || o->file_fd >= 0;
 }
 
 /* Consumes w bytes from iov[*i, cnt), then skips empty entries. */
@@ -97,11 +110,12 @@ static inline void bb_iov_skip(struct iovec *iov, int *i, int cnt, size_t w)
 }
 
 /* Queues iov[*i, cnt) behind what is queued: in memory while no spill file is open and mem_max
- * allows, then appended to the spill file while spill_max and pool_max allow. Advances *i (and the
- * iov) past what it took; what is left fits nowhere (the caller waits for the client, then sends).
- * 0, or -1 with errno: *op NULL when the memory queue could not grow (ENOMEM), else "open" or
- * "write" when the spill file could not be made or written (spill_failed is then set until
- * bb_out_next; a spill file with nothing left in it is closed). */
+ * allows, then appended to the spill file while spill_max and pool_max allow, then held in memory
+ * behind the spill file while held_max allows (the process's total). Advances *i (and the iov) past
+ * what it took; what is left fits nowhere (the caller ends the response: it never waits).
+ * 0, or -1 with errno: *op NULL when memory could not grow (ENOMEM), else "open" or "write" when
+ * the spill file could not be made or written (spill_failed is then set until bb_out_next; a spill
+ * file with nothing left in it is closed; what it did not take was held as far as held_max allows). */
 int bb_out_queue(struct bb_out *o, struct bb_spill_pool *pool, const struct bb_out_limits *lim, struct iovec *iov,
                  int *i, int cnt, const char **op);
 

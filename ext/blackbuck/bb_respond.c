@@ -53,12 +53,32 @@ static void hcat(const char *p, size_t n)
 }
 
 /* The spill file could not be made or written (op, errno err): from now on until the next request
- * this connection's output waits for the client instead. One warning line says why. */
+ * this connection's output is held in memory instead (BB_OUT_HELD_MAX for the worker). One warning
+ * line says why. */
 static void spill_warn(const char *op, int err)
 {
-    bb_warn(rb_sprintf("cannot spill a response to %s (%s: %s): the worker waits for this client instead "
-                       "(at most write_timeout)",
-                       bb_out_spill_dir(), op, strerror(err)));
+    bb_warn(rb_sprintf("cannot spill a response to %s (%s: %s): it is held in memory instead (%d MiB at most "
+                       "for the worker's responses)",
+                       bb_out_spill_dir(), op, strerror(err), BB_OUT_HELD_MAX / (1024 * 1024)));
+}
+
+/* 1 once a response fitted nowhere and was cut, until the worker holds nothing again: one line. */
+static int cut_logged;
+
+/* A response's rest fits in no queue: the memory queue, spill files and held memory are all full. The
+ * worker does not wait for the client (that would hold every other connection up to write_timeout):
+ * the response is cut and its connection closes. Logged once until the worker holds nothing again. */
+static void cut_warn(struct conn *c, size_t left)
+{
+    if (cut_logged) return;
+    cut_logged = 1;
+    bb_warn(rb_sprintf("a response to a client that does not take it fits in no queue (%zu bytes left; the "
+                       "worker holds %lld bytes in spill files and %lld in memory behind them, at most %lld and "
+                       "%d MiB): the response is cut and its connection closed, rather than the worker waiting "
+                       "for the client; logged again after the worker has held nothing",
+                       left, (long long)bb_spill_pool.total, (long long)bb_spill_pool.held,
+                       (long long)bb_settings.out.pool_max, BB_OUT_HELD_MAX / (1024 * 1024)));
+    (void)c;
 }
 
 /* Conn.spill_probe -> nil | "DIR: reason": makes and drops one spill file, so a $TMPDIR that
@@ -76,6 +96,7 @@ static VALUE conn_s_spill_probe(VALUE klass)
 static void queue_iov(struct conn *c, struct iovec *iov, int *i, int cnt)
 {
     const char *op;
+    if (bb_spill_pool.held == 0) cut_logged = 0;
     if (bb_out_queue(&c->out, &bb_spill_pool, &bb_settings.out, iov, i, cnt, &op) == 0) return;
     if (!op) rb_raise(rb_eNoMemError, "response buffer");
     spill_warn(op, errno);
@@ -99,8 +120,8 @@ static int flush_nb(struct conn *c)
 
 /*
  * Sends iov[0, cnt) behind whatever is queued, never reordering. What the socket does not take
- * is queued (queue_iov); only what fits nowhere makes it wait for the client, up to
- * write_timeout_ms each time the client takes nothing.
+ * is queued (queue_iov), and the event loop sends it when the client takes it; it never waits for
+ * the client. What fits in no queue (cut_warn) fails the write: the connection closes.
  * Returns WRITE_DONE (all sent), WRITE_PENDING (some queued for flush) or WRITE_FAILED.
  */
 static int out_write(struct conn *c, struct iovec *iov, int cnt)
@@ -120,7 +141,13 @@ static int out_write(struct conn *c, struct iovec *iov, int cnt)
             if (errno != EAGAIN && errno != EWOULDBLOCK) return WRITE_FAILED;
         }
         queue_iov(c, iov, &i, cnt);
-        if (i < cnt && bb_wait_writable(c->fd, bb_settings.write_timeout_ms) != 1) return WRITE_FAILED;
+        if (i < cnt) {
+            size_t left = 0;
+            int k;
+            for (k = i; k < cnt; k++) left += iov[k].iov_len;
+            cut_warn(c, left);
+            return WRITE_FAILED;
+        }
     }
     return queued(c) ? WRITE_PENDING : WRITE_DONE;
 }
@@ -516,7 +543,7 @@ static VALUE conn_write_hints(VALUE self, VALUE headers)
     return out_write(c, &iov, 1) != WRITE_FAILED ? Qtrue : Qfalse;
 }
 
-/* write_part(str, chunked) -> true | false (client gone, or not reading for write_timeout) */
+/* write_part(str, chunked) -> true | false (client gone, or the part fits in no queue) */
 static VALUE conn_write_part(VALUE self, VALUE str, VALUE chunked)
 {
     struct conn *c = get_conn(self);

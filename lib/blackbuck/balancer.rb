@@ -20,6 +20,9 @@ module Blackbuck
   #
   # Every worker takes moved connections off the socket (#adopt) while it has room.
   class Balancer
+    STRANDED_SECONDS = 1 # seconds a worker short of descriptors for a moved connection (BB_RECEIVE_FD_RESERVE)
+                         # leaves it to workers with room; still queued then, no worker with room took it,
+                         # and it takes it itself with the smaller reserve (BB_RECEIVE_FD_RESERVE_LAST)
     QUEUE_MIN = 2 # --threads: requests a worker whose app threads are all busy queues for the next
                   # free ones: one round (as many as it has threads), this many at least; more go to
                   # the hand-off socket, for any worker
@@ -49,6 +52,8 @@ module Blackbuck
       # other workers' too, and under an even load that made 1% wait a round longer (p99 61 ms against
       # 51 on the 10 ms app with 2 x 5 threads and 50 clients; a queue of 2 then).
       @queue_max = [@size, QUEUE_MIN].max
+      @short_since = nil # when this worker first refused a moved connection for want of descriptors (#adopt)
+      @retiring = false # stopping while the siblings serve on: idle connections move to them (#move_idle)
       @moved_in = 0
       @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
       @polled = false
@@ -83,6 +88,8 @@ module Blackbuck
 
     def tick
       @scoreboard.moves(@index, moved_out, @moved_in) if @fd
+      # short of descriptors (#short_of_descriptors): look at the hand-off socket again
+      intake(true) if @short_since && !@stopping && !@runner.saturated? && !@worker.paused?
     end
 
     def moved_out = @watcher ? @watcher.moved_out + @moved_out : @moved_out
@@ -126,12 +133,23 @@ module Blackbuck
       @unseen = true unless on
     end
 
-    # The hand-off socket is readable.
+    # The hand-off socket is readable. A wake-up with no connection (a sibling that could not take
+    # one, or could not accept: #pass_wake) may stand for connections waiting in a listen queue that
+    # woke only that sibling: this worker looks at its listeners.
     def adopt_one
-      return adopt if room?
+      unless room?
+        @unseen = true
+        return nil
+      end
+      conn = adopt
+      @worker.accept_stranded if conn.nil?
+      conn
+    end
 
-      @unseen = true
-      nil
+    # This worker could not accept (EMFILE) the connections a listener woke it for (EPOLLEXCLUSIVE:
+    # it alone was woken): a sibling is woken through the hand-off socket to take them (#adopt_one).
+    def pass_wake
+      Native::Conn.pass_wake(@socket[0].fileno) if @socket
     end
 
     # A thread is free again: requests moved to the hand-off socket have waited longest, so they take
@@ -153,6 +171,7 @@ module Blackbuck
     def move_idle
       return 0 unless @socket
 
+      @retiring = true
       intake(false)
       @retiring = true # the socket is not watched again (#intake): not even once an app thread frees up
       sender = @socket[0].fileno
@@ -183,6 +202,17 @@ module Blackbuck
       end
       @moved_out += moved
       moved
+    end
+
+    # A retiring worker's connection that becomes idle after the retirement began (its response,
+    # which promised keep-alive, was on its way then): it moves as the idle ones did (#move_idle),
+    # where its client's next request is answered. True when it did (it is gone here).
+    def move_idle_later(conn)
+      return false unless @retiring && conn.pass_idle(@socket[0].fileno)
+
+      @moved_out += 1
+      @conns.moved_away(conn)
+      true
     end
 
     # A stopping worker with no connection left takes what is still on the hand-off socket, one per
@@ -262,11 +292,25 @@ module Blackbuck
     # (Conn.receive refuses, #short_of_descriptors): the kernel would drop the socket it has no
     # descriptor for, and its client would be reset. The send end goes along for the wake-up a
     # refusing worker passes on to the others.
+    #
+    # Every worker may be short at once (all of them within BB_RECEIVE_FD_RESERVE of their limit): a
+    # connection still queued STRANDED_SECONDS after this worker first refused it has found no worker
+    # with room, and this one takes it with the smaller reserve rather than leave it stranded there.
     def adopt
-      conn = Native::Conn.receive(@fd, @listener_info, @socket[0].fileno)
+      last = false
+      conn = begin
+        Native::Conn.receive(@fd, @listener_info, @socket[0].fileno)
+      rescue Errno::EMFILE, Errno::ENFILE
+        raise unless @short_since && @worker.woke_at - @short_since >= STRANDED_SECONDS
+
+        last = true
+        Native::Conn.receive(@fd, @listener_info, @socket[0].fileno, true)
+      end
+      @short_since = nil if conn.nil? # none waits: the clock starts again with the next refusal
       return conn if conn.nil? || conn == false
 
-      if @shortage&.on?
+      if @shortage&.on? && !last
+        @short_since = nil
         @shortage.over { |n, secs| "hand-off: taking moved connections again (#{n} refused over #{secs} s)" }
       end
       @moved_in += 1
@@ -280,16 +324,22 @@ module Blackbuck
 
     # Too few descriptors to take a moved connection: Conn.receive left it queued for another worker
     # (EMFILE), or the kernel dropped it (ECONNABORTED: the table filled up after the check); both
-    # counted in the scoreboard slot (blackbuck_handoff_failures_total). This worker takes no
-    # connection of either kind (the others do) until it has room again: Worker#resume_accepting
-    # tries every tick and whenever one of its connections closes. Logged once per episode.
+    # counted in the scoreboard slot (blackbuck_handoff_failures_total). Logged once per episode.
+    # Short of the reserve, this worker stops polling the hand-off socket (the others take what is
+    # queued) and looks again every tick (#tick), taking what no worker with room took within
+    # STRANDED_SECONDS (#adopt); it accepts new connections on (accept needs one descriptor, and
+    # pauses by itself when there is none). Out of descriptors altogether (ECONNABORTED), it takes no
+    # connection of either kind until it has room: Worker#resume_accepting tries every tick and
+    # whenever one of its connections closes.
     def short_of_descriptors(err)
+      @short_since ||= @worker.woke_at
+      aborted = err.is_a?(Errno::ECONNABORTED)
       (@shortage ||= Episode.new(@logger)).hit do
-        fate = err.is_a?(Errno::ECONNABORTED) ? "its client was reset" : "moved connections stay queued for the others"
-        "hand-off: #{err.message}: #{fate}; this worker takes no new or moved connection until it has room " \
-          "(open connections: #{@table.size})"
+        fate = aborted ? "its client was reset" : "moved connections stay queued for the others"
+        "hand-off: #{err.message}: #{fate}; this worker takes moved connections again once it has room, or " \
+          "any still queued after #{STRANDED_SECONDS} s (open connections: #{@table.size})"
       end
-      @worker.pause_accepting
+      aborted ? @worker.pause_accepting : intake(false)
     end
   end
 end

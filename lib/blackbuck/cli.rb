@@ -266,7 +266,7 @@ module Blackbuck
         defaulted(o, :response_buffer, "--response-buffer BYTES",
                   "response bytes a client has not taken kept in memory (default %{default})")
         defaulted(o, :max_response_spill, "--max-response-spill BYTES",
-                  "more of them in a file in $TMPDIR, then wait for the client (default %{default}; 0 = never spill)")
+                  "more of them in a file in $TMPDIR, then held in memory (default %{default}; 0 = never spill)")
         defaulted(o, :max_worker_spill, "--max-worker-spill BYTES",
                   "all of one worker's spill files together (default %{default})")
         o.separator ""

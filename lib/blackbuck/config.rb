@@ -72,7 +72,7 @@ module Blackbuck
       body_buffer: 112 * KIB,         # bytes; larger bodies are spilled to a tempfile
       response_buffer: 1 * MIB,       # bytes of response a client has not taken kept in memory, per connection
       max_response_spill: 1024 * MIB, # bytes more in a spill file in $TMPDIR, per connection; past it the
-                                      # worker waits for the client (write_timeout); 0 = never spill
+                                      # rest is held in memory (BB_OUT_HELD_MAX), then cut; 0 = never spill
       max_worker_spill: 4096 * MIB,   # bytes all of one worker's spill files may hold together; past it, as above
       oob_gc: 0,                      # run GC between requests every N requests; 0 = off
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near

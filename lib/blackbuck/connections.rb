@@ -183,7 +183,8 @@ module Blackbuck
     def unwatch(conn) = @poller.unwatch(conn)
 
     # The worker stops: a response from now on says "Connection: close", and idle connections are
-    # kept only until `drain_until` (a request racing the stop is served).
+    # kept only until `drain_until` (a request racing the stop is served), counted from when their
+    # client has taken its last answer (#expire).
     def stopping!
       @stopping = true
       drain_until = now + @stop_idle_seconds
@@ -196,7 +197,10 @@ module Blackbuck
     end
 
     # Connections past their deadline: idle ones close (in stages), half-received requests get
-    # 408, clients that stopped reading are dropped, and so are staged closes that are over.
+    # 408, clients that stopped reading are dropped, and so are staged closes that are over. A
+    # stopping worker's idle connection whose client has not taken all of its last answer yet (the
+    # kernel still holds some: Conn#unsent) is kept STOP_IDLE_DRAIN more: its client is still reading
+    # what promised keep-alive, and sends its next request once it has it.
     def expire(t)
       @conns.values.each do |c|
         next if c.state == BUSY # an app thread's (--threads), not the loop's
@@ -204,7 +208,7 @@ module Blackbuck
         if c.deadline <= t
           case c.state
           when HEAD, BODY then reject(c, 408)
-          when IDLE then close(c)
+          when IDLE then @stopping && c.unsent.positive? ? c.extend_deadline(@stop_idle_seconds) : close(c)
           else drop(c)
           end
         elsif @request.too_slow?(c, t)
@@ -302,13 +306,20 @@ module Blackbuck
     # decides). rewatch: it was watched for OUT while its response was sent, or (app threads) maybe not
     # at all (Poller#watch makes no system call when it is watched for IN already).
     # True when the next request is read already and may be served now (#progress).
+    #
+    # A stopping worker gets here with keep-alive only for a response whose head was written before
+    # the stop began (every later one says "Connection: close"): its client may read it for seconds
+    # yet (the last byte has only reached the kernel) and then sends its next request here. So the
+    # promise is kept: a retiring worker moves the connection to a sibling now, as it moved its idle
+    # ones when the retirement began (Balancer#move_idle_later); otherwise it drains as idle ones do,
+    # STOP_IDLE_DRAIN from when the client has taken the answer (#expire), and that next request is
+    # answered with "Connection: close".
     def finish_response(conn, rewatch = @rewatch)
-      # A stopping worker keeps a connection whose response promised keep-alive as long as it
-      # drains idle ones (#stopping!).
       unless (buffered = conn.next_request(@stopping ? @stop_idle_seconds : @keepalive_timeout))
         close(conn)
         return false
       end
+      return false if @stopping && buffered.zero? && @balancer.move_idle_later(conn)
 
       watch(conn, IN) if rewatch
       return false if buffered.zero?

@@ -174,6 +174,8 @@ module Blackbuck
     # says which (WorkerExits): :timeout once the master's notice came, else :unsafe.
     def replace(why) = retire(why, @timeout_noticed ? :timeout : :unsafe)
 
+    def paused? = @paused
+
     def pause_accepting
       return if @paused
 
@@ -188,6 +190,14 @@ module Blackbuck
       @paused = @connections.paused = false
       @listener_by_fd.each_key { |fd| @poller.add(fd, Native::Poller::EXCLUSIVE) } unless @listeners_closed
       @balancer.intake(true) unless @runner.saturated?
+    end
+
+    # A sibling passed on a wake-up it could not use (Balancer#adopt_one), or a tick: connections may
+    # wait in a listen queue that woke only a sibling (EPOLLEXCLUSIVE), which could not accept them.
+    def accept_stranded
+      return if @stopping || @paused || @listeners_closed
+
+      @listener_by_fd.each_value { |l| accept_from(l) }
     end
 
     # The server stops (Supervisor#shutdown: STOP_MESSAGE on the control pipe, then
@@ -336,6 +346,7 @@ module Blackbuck
         "accept: #{e.message} (open connections: #{@conns.size}); pausing accept, logged again when it resumes"
       end
       pause_accepting
+      @balancer.pass_wake # the listener woke this worker alone: a sibling takes what waits there
     end
 
     def on_control
@@ -450,6 +461,9 @@ module Blackbuck
       end
       @connections.expire(t)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
+      # a listen queue whose one wake-up went to a worker that could not accept (EPOLLEXCLUSIVE) waits
+      # a tick at most, even when the wake-up that worker passed on was taken with a connection behind it
+      accept_stranded
       check_memory unless @stopping
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
       @balancer.tick

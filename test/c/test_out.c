@@ -3,7 +3,8 @@
  * socket does not take goes to memory up to mem_max, then to a spill file up to spill_max and the
  * process's pool_max, and what fits nowhere is left to the caller; flush sends memory, spill file and
  * file body in that order, byte for byte, with sendfile(2) and with the pread + write copy; a spill
- * file that cannot be made says so and stops spilling until the next response; a file body that
+ * file that cannot be made says so and stops spilling until the next response; what no spill file can
+ * take is held in memory behind it, within the process's held_max; a file body that
  * shrinks is reported; releasing a queue closes its files and gives its bytes back to the pool; no
  * descriptor leaks (counted in /proc/self/fd before and after).
  */
@@ -97,8 +98,8 @@ static void test_iov_skip(void)
 /* Memory up to mem_max, then the spill file, then nothing (left to the caller); flushed in order. */
 static void test_memory_then_spill_then_left(void)
 {
-    struct bb_out_limits lim = {64 * KIB, 256 * KIB, 1 * MIB};
-    struct bb_spill_pool pool = {0, 0};
+    struct bb_out_limits lim = {64 * KIB, 256 * KIB, 1 * MIB, 0};
+    struct bb_spill_pool pool = {0, 0, 0};
     struct bb_out o;
     size_t total = 400 * KIB, part = 100 * KIB, got_len;
     char *src = malloc(total), *got = malloc(total);
@@ -143,8 +144,8 @@ static void test_memory_then_spill_then_left(void)
  * and the pool's cap counts every queue's spill file. */
 static void test_pool_cap_and_order_behind_spill(void)
 {
-    struct bb_out_limits lim = {16 * KIB, 1 * MIB, 48 * KIB};
-    struct bb_spill_pool pool = {0, 0};
+    struct bb_out_limits lim = {16 * KIB, 1 * MIB, 48 * KIB, 0};
+    struct bb_spill_pool pool = {0, 0, 0};
     struct bb_out a, b;
     char *src = malloc(128 * KIB);
     struct iovec iov;
@@ -178,11 +179,74 @@ static void test_pool_cap_and_order_behind_spill(void)
     free(src);
 }
 
+/* What no spill file can take is held in memory behind it, within held_max for every queue together;
+ * once anything is held, later bytes go behind it too (never to memory ahead of it); flushed in order:
+ * memory, spill file, held; the held bytes go back to the pool once sent or released. */
+static void test_held_behind_spill(void)
+{
+    struct bb_out_limits lim = {16 * KIB, 32 * KIB, 1 * MIB, 64 * KIB};
+    struct bb_out_limits nospill = {16 * KIB, 0, 1 * MIB, 64 * KIB};
+    struct bb_spill_pool pool = {0, 0, 0};
+    struct bb_out a, b;
+    size_t total = 200 * KIB, got_len;
+    char *src = malloc(total), *got = malloc(total);
+    struct iovec iov;
+    const char *op = "unset";
+    int sv[2], i = 0, last, before = open_fds();
+    fill(src, total, 0);
+    small_pair(sv);
+    bb_out_init(&a);
+    bb_out_init(&b);
+    iov.iov_base = src;
+    iov.iov_len = total;
+    CHECK(bb_out_queue(&a, &pool, &lim, &iov, &i, 1, &op) == 0, "queued");
+    CHECK(a.len - a.off == 16 * KIB && a.spill_len == 32 * KIB && a.held_len == 64 * KIB,
+          "memory, spill file, then held: %zu %lld %zu", a.len - a.off, (long long)a.spill_len, a.held_len);
+    CHECK(pool.held == 64 * KIB && i == 0 && iov.iov_len == 88 * KIB, "held_max reached, the rest left: %zu",
+          iov.iov_len);
+    i = 0;
+    iov.iov_base = src;
+    iov.iov_len = 40 * KIB;
+    CHECK(bb_out_queue(&b, &pool, &nospill, &iov, &i, 1, &op) == 0, "b queued");
+    CHECK(b.len == 16 * KIB && b.held_len == 0 && iov.iov_len == 24 * KIB, "held_max is the process's: b holds %zu",
+          b.held_len);
+
+    got_len = flush_all(&a, &pool, sv, got, total, &last);
+    CHECK(last == BB_OUT_DONE && got_len == 112 * KIB && matches(got, got_len, 0),
+          "memory, spill file, held, in order: %zu bytes", got_len);
+    CHECK(pool.held == 0 && a.held == NULL && !bb_out_queued(&a), "held bytes back in the pool once sent");
+
+    /* b: no spill at all; the rest is held now, and what comes later goes behind it */
+    CHECK(bb_out_queue(&b, &pool, &nospill, &iov, &i, 1, &op) == 0 && i == 1 && b.held_len == 24 * KIB,
+          "without spilling, held: %zu", b.held_len);
+    b.off = b.len = 0; /* as if its memory had been sent: memory still takes nothing ahead of held bytes */
+    iov.iov_base = src + 40 * KIB;
+    iov.iov_len = 8 * KIB;
+    i = 0;
+    CHECK(bb_out_queue(&b, &pool, &nospill, &iov, &i, 1, &op) == 0 && b.len == 0 && b.held_len == 32 * KIB,
+          "behind held bytes, bytes are held: memory %zu, held %zu", b.len, b.held_len);
+    got_len = flush_all(&b, &pool, sv, got, total, &last);
+    CHECK(last == BB_OUT_DONE && got_len == 32 * KIB && matches(got, got_len, 16 * KIB), "held bytes in order: %zu",
+          got_len);
+    iov.iov_base = src;
+    iov.iov_len = 100 * KIB;
+    i = 0;
+    CHECK(bb_out_queue(&b, &pool, &nospill, &iov, &i, 1, &op) == 0 && pool.held == 64 * KIB, "held again");
+    bb_out_discard(&b, &pool);
+    CHECK(pool.held == 0 && b.held == NULL, "release gives held bytes back");
+    bb_out_discard(&a, &pool);
+    close(sv[0]);
+    close(sv[1]);
+    CHECK(open_fds() == before, "no descriptor leaks: %d -> %d", before, open_fds());
+    free(src);
+    free(got);
+}
+
 /* A spill file that cannot be made: -1, "open", errno; no more spilling until bb_out_next. */
 static void test_spill_failure(void)
 {
-    struct bb_out_limits lim = {8 * KIB, 1 * MIB, 1 * MIB};
-    struct bb_spill_pool pool = {0, 0};
+    struct bb_out_limits lim = {8 * KIB, 1 * MIB, 1 * MIB, 0};
+    struct bb_spill_pool pool = {0, 0, 0};
     struct bb_out o;
     char src[32 * KIB];
     struct iovec iov;
@@ -235,8 +299,8 @@ static int pattern_file(size_t n, size_t from)
 /* Memory, spill file, file body: in that order, with sendfile and with the copy. */
 static void test_file_body_last(int copy)
 {
-    struct bb_out_limits lim = {16 * KIB, 1 * MIB, 1 * MIB};
-    struct bb_spill_pool pool = {0, copy};
+    struct bb_out_limits lim = {16 * KIB, 1 * MIB, 1 * MIB, 0};
+    struct bb_spill_pool pool = {0, copy, 0};
     struct bb_out o;
     size_t head = 40 * KIB, body = 300 * KIB, got_len;
     char *src = malloc(head), *got = malloc(head + body + 1);
@@ -267,7 +331,7 @@ static void test_file_body_last(int copy)
 /* A file body shorter than promised: BB_OUT_SHORT, the file still open at where it ended. */
 static void test_file_body_short(void)
 {
-    struct bb_spill_pool pool = {0, 0};
+    struct bb_spill_pool pool = {0, 0, 0};
     struct bb_out o;
     char got[64 * KIB];
     int sv[2], last, before = open_fds();
@@ -289,8 +353,8 @@ static void test_file_body_short(void)
 /* A broken connection: BB_OUT_FAILED; release closes everything. */
 static void test_failed_and_release(void)
 {
-    struct bb_out_limits lim = {8 * KIB, 1 * MIB, 1 * MIB};
-    struct bb_spill_pool pool = {0, 0};
+    struct bb_out_limits lim = {8 * KIB, 1 * MIB, 1 * MIB, 0};
+    struct bb_spill_pool pool = {0, 0, 0};
     struct bb_out o;
     char src[32 * KIB];
     struct iovec iov = {src, sizeof(src)};
@@ -313,8 +377,8 @@ static void test_failed_and_release(void)
 /* A big memory queue is freed once sent (bb_out_trim), not while bytes wait in it. */
 static void test_trim(void)
 {
-    struct bb_out_limits lim = {1 * MIB, 0, 0};
-    struct bb_spill_pool pool = {0, 0};
+    struct bb_out_limits lim = {1 * MIB, 0, 0, 0};
+    struct bb_spill_pool pool = {0, 0, 0};
     struct bb_out o;
     char *src = malloc(BB_OUT_KEEP_MAX + KIB);
     struct iovec iov = {src, BB_OUT_KEEP_MAX + KIB};
@@ -340,6 +404,7 @@ int main(void)
     test_memory_then_spill_then_left();
     test_pool_cap_and_order_behind_spill();
     test_spill_failure();
+    test_held_behind_spill();
     test_file_body_last(0);
     test_file_body_last(1);
     test_file_body_short();

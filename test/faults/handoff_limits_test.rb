@@ -131,6 +131,32 @@ class HandoffLimitsTest < ServerTest
     [a, b, c1, c2].each { |io| io&.close }
   end
 
+  # Issue 32, item 21: with --threads, every worker within BB_RECEIVE_FD_RESERVE (32) descriptors of
+  # its limit. A worker whose threads are all busy moves requests to the hand-off socket, but no
+  # worker may take them (each refuses for want of descriptors and stops taking new connections
+  # until it has room): they used to wait there until a worker had room again (over 20 s in the
+  # soak). Every request is answered while the workers stay short.
+  def test_with_threads_and_every_worker_short_of_descriptors_nothing_is_stranded
+    server, _stats = start_with_stats(["--threads", "2"], workers: 2)
+    # The worker that accepts first holds every descriptor, so the other accepts the next connection;
+    # then each keeps 16 free.
+    first = server.tcp
+    a = served_by(get(first, "/hog?free=0"))
+    second = server.tcp
+    b = served_by(get(second, "/hog?free=16"))
+    refute_equal a, b
+    assert_equal a, served_by(get(first, "/hog?free=16"))
+    hogs = { a => first, b => second }
+    clients = Array.new(12) { |i| server.tcp.tap { |c| send_get(c, "/?sleep=0.3&id=#{i}") } }
+    t = now
+    answers = clients.map { |c| read_response(c, timeout: 15) }
+    assert_equal [200] * 12, answers.map { |r| r&.status }, "every request answered (#{(now - t).round(2)} s)"
+    assert_operator now - t, :<, 10, "none waited for a worker to have room again"
+    assert_equal [2], hogs.values.map { |h| served_by(get(h, "/")) }.uniq.size.then { |n| [n] }
+  ensure
+    [*clients, *hogs&.values].each { |io| io&.close }
+  end
+
   # Defect 6b: a worker out of descriptors retries accept every tick (and whenever a connection
   # closes); it logs once when accept starts failing and once when it resumes, with the count, not
   # a line per retry. The clients that waited in the listen queue are served once it has room.

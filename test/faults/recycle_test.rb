@@ -43,7 +43,7 @@ class RecycleFaultTest < FaultTest
     end
 
     define_method("test_ttou_and_ttin_lose_nothing_threads_#{threads}") do
-      server = start(threads, app: "hello.ru")
+      server = start(threads, app: "faults.ru")
       load = load_on(server, keepalive: 3, fresh: 1)
       load.wait_ok(100)
       3.times do |i|
@@ -62,7 +62,7 @@ class RecycleFaultTest < FaultTest
   # A SIGKILLed worker loses what it had in flight (at most one request per client), nothing more;
   # the master replaces it.
   def test_sigkill_of_a_worker_loses_only_what_it_had_in_flight
-    server = start(1, app: "hello.ru")
+    server = start(1, app: "faults.ru")
     load = load_on(server, keepalive: 3, fresh: 1)
     load.wait_ok(100)
     victim = server.worker_pids.first

@@ -9,13 +9,14 @@ class RestartFaultTest < FaultTest
   HANDED_OVER = /new workers ready; \d+ old workers finishing/
 
   # config.ru that notes each boot (the booting process's pid, in the file "boots") and then
-  # sleeps as long as the file "boot_sleep" says (0 at first).
+  # sleeps as long as the file "boot_sleep" says (0 at first). /download?bytes=N for the slow readers.
   def slow_boot_app(dir)
     File.write("#{dir}/boot_sleep", "0")
     File.write("#{dir}/app.ru", <<~RU)
       File.write(#{"#{dir}/boots".inspect}, "\#{Process.pid}\n", mode: "a")
       sleep Float(File.read(#{"#{dir}/boot_sleep".inspect}))
-      run ->(_env) { [200, { "content-type" => "text/plain", "content-length" => "3" }, ["ok\\n"]] }
+      require #{File.expand_path("../apps/download", __dir__).inspect}
+      run ->(env) { Download.call(env) || [200, { "content-type" => "text/plain", "content-length" => "3" }, ["ok\\n"]] }
     RU
     "#{dir}/app.ru"
   end

@@ -26,7 +26,7 @@ class StatusProbeFaultTest < FaultTest
     dir = Dir.mktmpdir("bb-test")
     status = "#{dir}/status.sock"
     server = start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", "--stats-listen", "unix:#{status}"],
-                          workers: 2, dir: dir)
+                          app: "faults.ru", workers: 2, dir: dir)
     load = load_on(server)
     idle = Array.new(IDLE) { UNIXSocket.new(status) }
     load.wait_ok(50)

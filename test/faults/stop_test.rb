@@ -45,7 +45,7 @@ class StopFaultTest < FaultTest
     define_method("test_term_under_load_serves_or_refuses_threads_#{threads}") do
       dir = Dir.mktmpdir("bb-test")
       server = start_server(["-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock", "--threads", threads.to_s],
-                            workers: 2, dir: dir)
+                            app: "faults.ru", workers: 2, dir: dir)
       load = load_on(server, keepalive: 2, fresh: 3)
       load.wait_ok(300)
       server.signal(:TERM)

@@ -6,9 +6,12 @@ require "json"
 
 # Output a client does not take is queued in memory up to response_buffer, then appended to a
 # per-connection spill file in $TMPDIR up to max_response_spill, so a client that stops reading a
-# large streamed (or Array) response never holds the worker. Past the cap, or when the file cannot
-# be written, the worker waits for that client (bounded by write_timeout) as it used to.
+# large streamed (or Array) response never holds the worker. Past the caps, or when the file cannot
+# be written, the rest is held in memory behind it (BB_OUT_HELD_MAX, 64 MiB for the worker's
+# responses together), and past that the response is cut: the worker never waits for the client
+# (issue 32, item 18: it used to, up to write_timeout, and every other client waited with it).
 # One worker in every test, so a held worker would show as a late fresh request.
+HELD_MAX = 64 * 1024 * 1024 # bytes: BB_OUT_HELD_MAX (ext/blackbuck/bb_out.h)
 class ResponseSpillHardeningTest < ServerTest
   APP = File.join(__dir__, "apps", "spill.ru")
   PART_BYTES = 64 * 1024 # as in apps/spill.ru
@@ -95,45 +98,59 @@ class ResponseSpillHardeningTest < ServerTest
     io&.close
   end
 
-  # max_response_spill 0: nothing is spilled; past response_buffer the worker waits for the
-  # client, at most write_timeout, then drops it and serves the others.
-  def test_max_response_spill_zero_waits_for_the_client_at_most_write_timeout
-    server = spill_server(["--write-timeout", "2", "--max-response-spill", "0"])
+  # max_response_spill 0: nothing is spilled; past response_buffer the rest is held in memory and
+  # the worker serves the others at once. Three stalled readers (48 MiB) hold nothing up, and each
+  # gets every byte once it reads.
+  def test_max_response_spill_zero_holds_the_rest_in_memory_and_the_worker_serves_others
+    server = spill_server(["--write-timeout", "20", "--max-response-spill", "0"])
     worker = server.worker_pids.first
-    io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
-    assert io.wait_readable(30), "the response has begun"
+    ios = Array.new(3) { stalled_request(server, "/each?parts=#{STREAM_PARTS}") }
+    ios.each { |io| assert_fresh_request_served(server, behind: "stalled readers of unspillable responses") }
     assert_empty spill_files(server, worker)
-    # (a lower bound: a loaded machine only makes it longer; that the wait ends is the answer itself,
-    # the client reading nothing until after it)
-    elapsed = timed_fresh_request(server)
-    assert_operator elapsed, :>=, 1.0, "with no spilling the worker waits for the stalled client"
-    got = read_all(io).bytesize
-    assert_operator got, :<, STREAM_PARTS * PART_BYTES, "the stalled client was dropped"
-    assert_fresh_request_served(server, behind: "a stalled reader")
+    ios.each do |io|
+      status, _, digest, size = read_framed(io)
+      assert_equal [200, STREAM_PARTS * PART_BYTES, expected_digest(STREAM_PARTS)], [status, size, digest]
+    end
     assert_equal 1, server.worker_pids.size, "no worker crashed"
-    refute_match(/cannot spill/, server.log, "reaching the cap is not a failure worth a warning")
+    refute_match(/cannot spill|fits in no queue/, server.log, "reaching the cap is not a failure worth a warning")
+  ensure
+    ios&.each(&:close)
+  end
+
+  # Past what the worker may hold in memory too, a response is cut (its connection closes, one
+  # warning line) rather than the worker waiting for its client.
+  def test_past_the_held_memory_a_response_is_cut_and_the_worker_serves_others
+    server = spill_server(["--write-timeout", "20", "--max-response-spill", "0"])
+    parts = (HELD_MAX / PART_BYTES) + 256 # 16 MiB past it (more than the kernel's socket buffers take)
+    io = stalled_request(server, "/array?parts=#{parts}")
+    wait_for(15, "the cut") { server.log.match?(/WARN a response to a client that does not take it fits in no queue/) }
+    assert_fresh_request_served(server, behind: "a stalled reader past the held memory")
+    got = read_all(io, timeout: 30).bytesize
+    assert_operator got, :<, parts * PART_BYTES, "the response was cut"
+    assert_fresh_request_served(server, behind: "a cut response")
+    assert_equal 1, server.worker_pids.size, "no worker crashed"
   ensure
     io&.close
   end
 
-  # A small cap: memory, then 2 MiB of file, then waiting. A reader that comes back within
-  # write_timeout still gets every byte, in order.
-  def test_past_a_small_max_response_spill_the_worker_waits_and_keeps_the_order
+  # A small cap: memory, then 2 MiB of file, then held in memory. The worker serves others at once,
+  # and the reader gets every byte, in order.
+  def test_past_a_small_max_response_spill_the_rest_is_held_in_order
     server = spill_server(["--write-timeout", "5", "--max-response-spill", (2 * 1024 * 1024).to_s])
-    check_fallback_keeps_bytes(server)
+    check_held_keeps_bytes(server)
     refute_match(/cannot spill/, server.log)
   end
 
-  # $TMPDIR that does not exist: the spill fails, one warning is logged, and the worker falls back
-  # to waiting for the client (bounded by write_timeout); a reader that comes back gets every byte.
-  def test_spill_failure_falls_back_to_waiting_with_one_warning
+  # $TMPDIR that does not exist: the spill fails, one warning is logged, and the rest is held in
+  # memory; the worker serves the others, and the reader gets every byte.
+  def test_spill_failure_holds_the_rest_in_memory_with_one_warning
     dir = Dir.mktmpdir("bb-test")
     server = start_server(["-l", "127.0.0.1:0", "--write-timeout", "5"], app: APP, dir: dir,
                                                                           env: { "TMPDIR" => File.join(dir, "missing") })
     boot = server.log.scan(/WARN response spill files cannot be made in .*/)
     assert_equal 1, boot.size, "the unusable $TMPDIR is reported at boot: #{server.log}"
     assert_match(%r{in #{Regexp.escape(dir)}/missing: No such file or directory}, boot.first)
-    check_fallback_keeps_bytes(server)
+    check_held_keeps_bytes(server)
     warnings = server.log.scan(/WARN cannot spill a response.*/)
     assert_equal 1, warnings.size, "one warning line for the failed spill: #{warnings.inspect}"
     assert_match(/No such file or directory/, warnings.first)
@@ -194,24 +211,17 @@ class ResponseSpillHardeningTest < ServerTest
     io&.close
   end
 
-  # The worker cannot queue everything, so it waits for the stalled client: a fresh request is
-  # answered only once that client reads again, and the client gets every byte in order.
-  def check_fallback_keeps_bytes(server)
+  # No spill file can take everything, so the rest is held in memory: a fresh request is answered
+  # while the client stalls, and the client gets every byte in order.
+  def check_held_keeps_bytes(server)
     io = stalled_request(server, "/each?parts=#{STREAM_PARTS}")
-    assert io.wait_readable(30), "the response has begun"
-    fresh_elapsed = nil
-    fresh = Thread.new { fresh_elapsed = timed_fresh_request(server, timeout: 20) }
-    sleep 1.5
-    assert fresh.alive?, "the worker is waiting for the stalled client (fallback), so the fresh request waits"
+    assert_fresh_request_served(server, behind: "a stalled reader whose response is held in memory")
     status, _, digest, size = read_framed(io)
     assert_equal 200, status
     assert_equal STREAM_PARTS * PART_BYTES, size
     assert_equal expected_digest(STREAM_PARTS), digest, "every byte, in order"
-    fresh.join(10)
-    refute_nil fresh_elapsed, "the fresh request was answered once the stalled client read again"
     assert_equal 1, server.worker_pids.size, "no worker crashed"
   ensure
-    fresh&.kill
     io&.close
   end
 

@@ -15,7 +15,7 @@ class BalancerTest < Minitest::Test
   # What the balancer asks of its worker and of its Connections.
   class FakeWorker
     attr_accessor :connection_count, :woke_at
-    attr_reader :dropped, :unwatched, :paused, :taken
+    attr_reader :dropped, :unwatched, :paused, :taken, :stranded_looks
 
     def initialize
       @connection_count = 0
@@ -24,6 +24,7 @@ class BalancerTest < Minitest::Test
       @unwatched = []
       @taken = []
       @paused = 0
+      @stranded_looks = 0
     end
 
     def drop(conn) = @dropped << conn
@@ -34,6 +35,8 @@ class BalancerTest < Minitest::Test
       drop(conn)
     end
     def pause_accepting = @paused += 1
+    def paused? = @paused.positive?
+    def accept_stranded = @stranded_looks += 1
     def take(conn, seconds, woke_at, moved) = @taken << [conn, seconds, woke_at, moved]
     def table = self # (its size)
     def size = @connection_count
@@ -273,5 +276,6 @@ class BalancerTest < Minitest::Test
     b.adopt_while_room
     refute b.take_left_over
     assert_empty @worker.taken
+    assert_equal 1, @worker.stranded_looks, "woken with nothing there: a wake-up passed on, the listeners looked at"
   end
 end

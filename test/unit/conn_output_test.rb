@@ -9,7 +9,8 @@ require "timeout"
 
 # Native::Conn's output queue over a UNIX socket pair, without a server: output the socket does
 # not take goes to memory (response_buffer), then to a spill file in $TMPDIR (max_response_spill),
-# in order; only what fits nowhere waits for the client (write_timeout).
+# in order; what no spill file takes is held in memory (BB_OUT_HELD_MAX for the process), and past
+# that the write fails at once: it never waits for the client.
 class ConnOutputTest < Minitest::Test
   Native = Blackbuck::Native
   RESPONSE_BUFFER = 64 * 1024
@@ -50,27 +51,30 @@ class ConnOutputTest < Minitest::Test
     assert_equal 0, spill_fds, "the spill file is closed once sent"
   end
 
-  def test_without_spilling_a_write_waits_for_the_client_and_keeps_the_order
+  def test_without_spilling_the_rest_is_held_in_memory_and_keeps_the_order
     configure(max_spill: 0)
     @reader = start_reader(after: 0.3, bytes: PARTS * 65_536)
     t = now
     parts = write_parts
-    assert_operator now - t, :>=, 0.25, "past response_buffer it waited for the reader"
+    assert_operator now - t, :<, 0.25, "past response_buffer it did not wait for the reader"
+    assert @conn.pending_output?
     assert_equal 0, spill_fds
     flush_all
     assert_equal parts.join, @reader.value
   end
 
-  def test_a_client_that_takes_nothing_fails_the_write_after_write_timeout
-    configure(max_spill: 0, write_timeout_ms: 300)
+  HELD_PARTS = (64 * 1024 * 1024 / 65_536) + 64 # of 64 KiB: 4 MiB past BB_OUT_HELD_MAX
+
+  def test_a_client_that_takes_nothing_fails_the_write_past_the_held_memory_at_once
+    configure(max_spill: 0)
     t = now
-    failed = (0...PARTS).find { |i| !@conn.write_part(part(i), false) } # Response stops at the first false
+    failed = (0...HELD_PARTS).find { |i| !@conn.write_part(part(i), false) } # Response stops at the first false
     refute_nil failed, "a write failed"
-    assert_operator now - t, :>=, 0.25
-    assert_operator now - t, :<, 2
+    assert_operator failed, :>=, HELD_PARTS - 64, "everything up to the held memory's limit was taken"
+    assert_operator now - t, :<, WRITE_TIMEOUT_MS / 1000.0, "without waiting for the client"
   end
 
-  def test_spill_failure_warns_once_and_waits_instead
+  def test_spill_failure_warns_once_and_holds_instead
     ENV["TMPDIR"] = File.join(@dir, "missing")
     warnings = []
     Native.logger = Struct.new(:list) { def warn(msg) = list << msg }.new(warnings)
@@ -84,19 +88,17 @@ class ConnOutputTest < Minitest::Test
   end
 
   # max_worker_spill bounds the spill files of all of a worker's connections together: with the
-  # first stalled client's file in place, a second one finds no room and waits (here it takes
-  # nothing, so its write fails after write_timeout); once the first file is gone, a third
-  # connection spills again.
+  # first stalled client's file in place, a second one spills up to the cap and holds the rest in
+  # memory, without waiting for its client; once the first file is gone, a third connection spills again.
   def test_the_worker_cap_counts_every_connections_spill_file
     configure(max_spill: 16 * 1024 * 1024, worker_spill: 2 * 1024 * 1024, write_timeout_ms: 300)
     write_parts # 1 MiB: what the socket and the 64 KiB memory queue do not hold is in a file
     assert_equal 1, spill_fds
     second = stalled_conn
     t = now
-    failed = (0...4 * PARTS).find { |i| !second.write_part(part(i), false) }
-    refute_nil failed, "no room under the worker cap: the second client's write waited and failed"
-    assert_operator failed, :>=, 1, "it spilled up to the cap first"
-    assert_operator now - t, :>=, 0.25, "it waited write_timeout"
+    assert (0...4 * PARTS).all? { |i| second.write_part(part(i), false) }, "past the worker cap, held in memory"
+    assert_operator now - t, :<, 0.25, "without waiting for the client"
+    assert_equal 2, spill_fds, "it spilled up to the cap first"
     second.close
     @conn.close
     assert_equal 0, spill_fds, "closing the connections removed their files and gave their room back"

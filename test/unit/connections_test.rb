@@ -19,7 +19,7 @@ class ConnectionsTest < Minitest::Test
   # bytes), `next_buffered` what #next_request answers (nil: close, else bytes of the next request).
   class FakeConn
     attr_accessor :fd, :state, :deadline, :watched, :buffered, :requests, :pending_output, :reads,
-                  :next_buffered, :flushes, :closed, :shut, :errors, :keepalive_seconds, :filled_at
+                  :next_buffered, :flushes, :closed, :shut, :errors, :keepalive_seconds, :filled_at, :unsent
 
     def initialize(fd)
       @fd = fd
@@ -35,6 +35,7 @@ class ConnectionsTest < Minitest::Test
       @closed = false
       @shut = false
       @errors = []
+      @unsent = 0 # bytes the kernel still holds for the client (Conn#unsent)
     end
 
     def fill(woke_at)
@@ -153,13 +154,32 @@ class ConnectionsTest < Minitest::Test
     def replace(why) = @stops << "replace: #{why}"
   end
 
+  # Balancer's stand-in: a retiring worker moves what becomes idle (#move_idle_later).
+  class FakeBalancer
+    attr_accessor :retiring
+    attr_reader :moved
+
+    def initialize
+      @retiring = false
+      @moved = []
+    end
+
+    def move_idle_later(conn)
+      return false unless @retiring
+
+      @moved << conn
+      true
+    end
+  end
+
   def setup(rewatch: false, requests_limit: 0)
     @worker = FakeWorker.new
     @request = FakeRequest.new
     @runner = FakeRunner.new
     @poller = FakePoller.new
+    @balancer = FakeBalancer.new
     @c = C.new(@worker, CONFIG, @request, nil, 0, rewatch: rewatch, requests_limit: requests_limit)
-    @c.start(@poller, @runner, nil)
+    @c.start(@poller, @runner, @balancer)
   end
 
   def env = { "REQUEST_METHOD" => "GET" }
@@ -351,6 +371,34 @@ class ConnectionsTest < Minitest::Test
     @request.script(conn, env)
     @c.on_event(conn, IN, 42.0)
     assert_equal C::STOP_IDLE_DRAIN, conn.keepalive_seconds
+  end
+
+  # Issue 32, item 15: the client of a keep-alive answer still on its way when the stop began reads it
+  # after the last byte reached the kernel; the drain counts from when it has taken it all.
+  def test_a_stopping_workers_idle_connection_drains_from_when_its_client_has_the_answer
+    conn = FakeConn.new(5)
+    conn.reads = [nil]
+    @c.take(conn, 10, 42.0)
+    @c.stopping!
+    conn.unsent = 4096
+    conn.deadline = 1.0
+    @c.expire(2.0)
+    assert_equal C::IDLE, conn.state, "kept while the kernel holds part of its answer"
+    assert_operator conn.deadline, :>, Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    conn.unsent = 0
+    conn.deadline = 1.0
+    @c.expire(2.0)
+    assert_equal C::LINGER, conn.state, "closed once the client had it and the drain passed"
+  end
+
+  # ... and a retiring worker moves it to a sibling once its answer is out.
+  def test_a_retiring_worker_moves_a_connection_whose_keep_alive_answer_is_out
+    @c.stopping!
+    @balancer.retiring = true
+    conn = FakeConn.new(5)
+    @request.script(conn, env)
+    @c.take(conn, 10, 42.0)
+    assert_equal [conn], @balancer.moved
   end
 
   def test_max_requests_per_child_begins_the_stop_before_the_last_request_runs
