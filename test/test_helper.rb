@@ -503,6 +503,13 @@ class ServerTest < Minitest::Test
     false
   end
 
+  # A test's own child left behind (a stopped mold): SIGKILL unless it is gone already.
+  def kill_if_alive(pid)
+    Process.kill(:KILL, pid) if pid
+  rescue Errno::ESRCH
+    nil
+  end
+
   def free_port = TCPServer.open("127.0.0.1", 0) { |s| s.addr[1] }
 
   # Sockets a process holds open (from /proc).

@@ -120,11 +120,7 @@ class MoldFaultTest < FaultTest
     assert_alive_master(server)
     assert_nothing_lost(load)
   ensure
-    begin
-      Process.kill(:KILL, mold) if mold
-    rescue Errno::ESRCH
-      nil
-    end
+    kill_if_alive(mold)
   end
 
   private

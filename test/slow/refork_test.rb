@@ -138,11 +138,7 @@ class ReforkTest < ServerTest
     wait_for(15, "the stopped mold killed") { !alive?(mold) }
     assert_serves(server)
   ensure
-    begin
-      Process.kill(:KILL, mold) if mold
-    rescue Errno::ESRCH
-      nil
-    end
+    kill_if_alive(mold)
   end
 
   # HUP loads new code: the mold (old code) goes, and the new image's workers fork from a mold that
