@@ -115,8 +115,7 @@ class ActionCableTest < ServerTest
                           env: { "REDIS_URL" => @redis.url })
     stats = "#{@app_dir}/status.sock"
     [0, 1, 2].each do |gen|
-      drive_to_generation(server, stats, gen) if gen.positive?
-      worker = status_json(stats)["workers"].first["pid"]
+      worker = drive_to_generation(server, stats, gen)["workers"].first["pid"]
       # One worker: it holds the WebSocket, runs the broadcast, and (generations 0 and 1) forks the next mold.
       client = subscribed_client(server, "generation #{gen}")
       token = "generation #{gen} #{SecureRandom.hex(4)}"
@@ -198,11 +197,13 @@ class ActionCableTest < ServerTest
   end
 
   # GET /pid on fresh connections until generation gen has its mold and its worker is serving.
+  # Returns that /status. (Generation 0 sends no request: it only waits for its worker.)
   def drive_to_generation(server, stats, gen)
     wait_for(REFORK_SECONDS, "refork generation #{gen}") do
-      get_pid(server)
+      get_pid(server) if gen.positive?
       s = status_json(stats)
-      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
+      # (a worker listed: between the old worker's exit and the new one's start the list is empty)
+      s if s.dig("refork", "generation") == gen && (gen.zero? || s.dig("refork", "mold")) && !s["workers"].empty? &&
            s["workers"].all? { |w| w["generation"] == gen && w["state"] != "starting" }
     end
   end
