@@ -37,7 +37,6 @@ module Blackbuck
       @conns = conns
       @table = conns.table # fd => Conn (its size, read without a call)
       @stopping = false
-      @retiring = false # idle connections moved to the siblings (#move_idle): none is taken back
       @runner = runner
       @scoreboard = scoreboard
       @logger = logger
@@ -171,9 +170,8 @@ module Blackbuck
     def move_idle
       return 0 unless @socket
 
-      @retiring = true
-      intake(false)
       @retiring = true # the socket is not watched again (#intake): not even once an app thread frees up
+      intake(false)
       sender = @socket[0].fileno
       moved = 0
       @table.values.each do |conn|
