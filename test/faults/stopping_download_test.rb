@@ -16,7 +16,7 @@ class StoppingDownloadFaultTest < FaultTest
   end
 
   # Slow readers only (TCP and UNIX), each download ~5 s: whenever the stop begins, each is mid-way.
-  def downloads(server) = load_on(server, keepalive: 0, fresh: 0, downloads: 4)
+  def downloads(server) = load_on(server, keepalive: 0, fresh: 0, downloads: 4, rate: SLOW_DOWNLOAD_RATE)
 
   [1, 4].each do |threads|
     define_method("test_ttou_during_downloads_loses_nothing_threads_#{threads}") do

@@ -53,6 +53,8 @@ class FaultLoad
     raise "load stalled: #{ok}/#{target} ok, #{summary}" if ok < target
   end
 
+  # Stops every client. A slow reader mid-way through a download leaves it there (the request is
+  # neither ok nor lost, and not counted as sent), so a stop costs no more than one read's pace.
   def stop
     @stop = true
     @threads.each(&:join)
@@ -100,6 +102,10 @@ class FaultLoad
       @lock.synchronize { @sent += 1 }
       sent_at = now
       outcome, detail, close, answered_by = exchange(io, client, served_on_io.positive?)
+      if outcome == :abandoned
+        @lock.synchronize { @sent -= 1 }
+        break
+      end
       record(outcome, client, detail, sent_at, answered_by || pid, previous)
       pid = answered_by
       previous = sent_at
@@ -138,6 +144,8 @@ class FaultLoad
 
     taken = buf.bytesize - head_end - 4 # (counted, not kept: a download is 10 MiB)
     while taken < len.to_i
+      return [:abandoned, nil, true, pid] if @stop && pace
+
       chunk = read_some(io, deadline, pace)
       return [:partial, "body #{taken}/#{len} #{chunk}", true, pid] unless chunk.is_a?(String)
 
