@@ -665,8 +665,8 @@ static VALUE conn_s_stopping(VALUE klass)
     return Qnil;
 }
 
-/* Conn.serving!: this process serves (a worker forked from the mold, whose flag was set when the
- * mold stopped serving as a worker): responses keep connections alive again. */
+/* Conn.serving!: this process serves (a worker forked from the mold, which inherited the flag set
+ * when the worker that forked the mold stopped serving): responses keep connections alive again. */
 static VALUE conn_s_serving(VALUE klass)
 {
     (void)klass;

@@ -127,7 +127,7 @@ module Blackbuck
       @threads.each { |th| th.join([deadline - now, 0].max) }
       return if @threads.any?(&:alive?) # (one still running may yet wake the loop)
 
-      @wake_r.close # a worker that becomes the mold forks workers with their own pools: not these
+      @wake_r.close # a worker that forks the mold: the mold and its workers use pools of their own, not these
       @wake_w.close
     end
 

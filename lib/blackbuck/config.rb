@@ -78,8 +78,8 @@ module Blackbuck
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off
       max_memory_per_child: 0,        # KiB of USS (private pages) after which a worker is recycled; 0 = off
-      refork_after: [],               # requests: a worker of generation g that has served refork_after[g] becomes
-                                      # the mold new workers fork from (docs/ARCHITECTURE.md, "Reforking"); [] = off
+      refork_after: [],               # requests: a worker of generation g that has served refork_after[g] forks
+                                      # the mold new workers fork from, and exits (docs/REFORKING.md); [] = off
       sched_batch: false,             # workers run under SCHED_BATCH (Linux): fewer switches, but a worst tail when the CPU is shared
       jemalloc: false,                # the blackbuck command execs itself with libjemalloc in LD_PRELOAD (Allocator)
       malloc_arena_max: nil,          # glibc arenas; nil -> 2 with threads > 1 (unless $MALLOC_ARENA_MAX), else glibc's own

@@ -7,7 +7,7 @@ require_relative "action_cable_refork"
 
 module Blackbuck
   # The app says it can no longer be forked safely (it started a thread, opened a connection that
-  # cannot be shared, ...): this process is never made the mold, and reforking stops (refork_after).
+  # cannot be shared, ...): a worker told to fork the mold refuses, and reforking stops (refork_after).
   # why: what the log says.
   def self.no_longer_fork_safe!(why = "Blackbuck.no_longer_fork_safe! was called")
     @fork_unsafe = why.to_s
@@ -27,13 +27,14 @@ module Blackbuck
   # and answers "spawned INDEX PID". Each worker is forked twice over (the middle process exits at
   # once), so it becomes the master's child (the master is a child subreaper) and the master reaps
   # it, as it reaps the workers it forks itself. It ends when the master closes its socket or
-  # sends TERM; the master forks from itself again when it is gone (docs/ARCHITECTURE.md, "Reforking").
+  # sends TERM. When it is gone a serving worker forks the next, or, when none can, a new one boots the
+  # app (a master that holds the app forks the workers itself instead): Refork, docs/REFORKING.md.
   class Mold
     MESSAGE_MAX = 512 # bytes of a message on the mold's sockets
     READY_SECONDS = 30 # the worker waits this long for the mold it forked to announce itself, then exits
 
-    # In a worker told to become the mold that must not (Blackbuck.no_longer_fork_safe!): the master
-    # hears why, and turns reforking off.
+    # In a worker told to fork the mold whose app must not be forked (Blackbuck.no_longer_fork_safe!):
+    # the master hears why, and turns reforking off.
     # pid: the worker (a mold whose after_refork raised names the worker that forked it).
     def self.refuse(line, why, pid: Process.pid)
       line&.sendmsg("unsafe #{pid} #{why.to_s.tr("\n", ' ').byteslice(0, 400)}", 0)
@@ -54,7 +55,7 @@ module Blackbuck
       @index = index
     end
 
-    # In a worker told to become the mold, once it has stopped serving: forks the mold, waits until
+    # In a worker told to fork the mold, once it has stopped serving: forks the mold, waits until
     # it has announced itself to the master (or READY_SECONDS), and returns its pid; the worker then
     # exits. The master adopts the mold by its announcement, and reaps the worker as any other.
     def fork_from_worker

@@ -34,7 +34,7 @@ module Blackbuck
   # no worker can (none serves, or the app is not fork-safe, or the one told failed) does a new mold
   # boot the app from disk (BOOT_RETRY_SECONDS apart while boots fail). A first mold that cannot
   # boot the app ends the server, as a config.ru that raises does. An app that says it is no longer
-  # fork-safe (Blackbuck.no_longer_fork_safe!) is never reforked: the worker told to become the mold
+  # fork-safe (Blackbuck.no_longer_fork_safe!) is never reforked: the worker told to fork the mold
   # refuses, and reforking turns off (the mold that booted the app stays the one workers fork from).
   class Refork
     FORK_SECONDS = 5 # seconds the mold may take to answer a fork; then it is killed and replaced
@@ -62,7 +62,7 @@ module Blackbuck
       @generation = 0
       @mold = nil
       @stopped_molds = [] # pids of molds told to stop, until reaped
-      @promoting = nil # the Child told to become the mold, until it announces itself or exits
+      @promoting = nil # the Child told to fork the mold, until the mold announces itself or the worker exits
       @retiring = nil  # pid of the previous generation's worker told to retire, until it exits
       @leaving = nil   # pid of the worker that forked the mold, until it exits
       @on = !counts.empty? && subreaper?(subreaper)
@@ -78,8 +78,8 @@ module Blackbuck
       @replacing = false  # the promoted worker forks a mold in place of one that died (same generation)
       @replace_failures = 0 # such workers that exited without a mold, in a row (REPLACE_ATTEMPTS)
       @none_to_fork = false # since the mold was lost, a turn found no serving worker to fork the next
-      # Workers announce themselves here when they become the mold (one end each way: every worker
-      # may be chosen, so every worker inherits the line).
+      # Molds announce themselves here, and workers that must not be forked say so (one end each way:
+      # every worker may be told to fork the mold, so every worker inherits the line).
       @inbox, @line = Socket.pair(:UNIX, :SEQPACKET) if @on
     end
 
@@ -177,7 +177,7 @@ module Blackbuck
     # a mold that booted it): a mold that dies is replaced by one a worker forks (#replace_mold).
     def lean? = @lean
 
-    # The master forked pid to boot the app and become the mold (Spawner#boot_mold).
+    # The master forked pid to boot the app and then run as the mold (Spawner#boot_mold).
     def booting(pid)
       @booting = pid
       @lean = true

@@ -14,7 +14,7 @@ module Blackbuck
   class Spawner
     # server: what the hooks get as their first argument (the Supervisor); traps: the signals the
     # master traps, set back to their defaults in the worker; refork: the master's Refork (its
-    # announcement line goes to every worker: any may be told to become the mold).
+    # announcement line goes to every worker: any may be told to fork the mold).
     def initialize(server:, config:, app:, listeners:, scoreboard:, logger:, traps:, refork: nil)
       @server = server
       @config = config
@@ -54,8 +54,8 @@ module Blackbuck
     end
 
     # In the master, when it does not hold the app (refork_after: the blackbuck command leaves it
-    # to a mold): forks the process that loads it (loader), runs the warm-up, and becomes the mold
-    # every worker forks from until a refork makes a warmer one (Mold). Returns its pid. The block
+    # to a mold): forks the process that loads it (loader), runs the warm-up, and then runs as the
+    # mold every worker forks from until a refork makes a warmer one (Mold#run). Returns its pid. The block
     # runs first in it, as in #spawn's. A boot that fails says why on the crash pipe (#crash_reason).
     def boot_mold(loader)
       fork do

@@ -17,7 +17,7 @@ module Blackbuck
     # - timeout: a request ran past --timeout (the worker retired after its 503, or was killed);
     # - recycle: max_requests_per_child; memory: max_memory_per_child;
     # - ttou: retired by TTOU (not replaced: the worker count went down);
-    # - refork: retired by refork_after for a worker of the next generation, or became the mold;
+    # - refork: retired by refork_after for a worker of the next generation, or forked the mold;
     # - unsafe: replaced after the app raised an exception that leaves the process untrusted
     #   (NoMemoryError, SystemExit, SignalException: Response::UNSAFE), answered 500 first;
     # - other: exited 0 without saying why (the master went away, an app that called exit).

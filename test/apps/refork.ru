@@ -2,7 +2,7 @@
 
 # For the refork tests: what a worker builds lazily (here one string, standing for Rails' routes,
 # views and caches) is built once per process that serves; a worker forked from the mold answers
-# with the pid of the process that built it (the mold, when it was a worker). REFORK_UNSAFE=1: the
+# with the pid of the process that built it (the worker that forked the mold). REFORK_UNSAFE=1: the
 # app says it cannot be forked again, so it is never reforked.
 # REFORK_LOADED_LOG=FILE: each process that loads this file appends its pid there.
 File.write(ENV["REFORK_LOADED_LOG"], "#{Process.pid}\n", mode: "a") if ENV["REFORK_LOADED_LOG"]

@@ -4,8 +4,8 @@ require_relative "../test_helper"
 require "json"
 require "open3"
 
-# refork_after: a warm worker becomes the mold, new workers fork from it and replace the old
-# generation one at a time, while clients on keep-alive connections never see a reset or a lost
+# refork_after: a warm worker forks the mold and exits, new workers fork from the mold and replace
+# the old generation one at a time, while clients on keep-alive connections never see a reset or a lost
 # request; the mold is no point of failure; an app that is not fork-safe is never reforked. The
 # blackbuck command's master never loads the app: a first mold boots it and forks generation 0.
 class ReforkTest < ServerTest
@@ -219,7 +219,7 @@ class ReforkTest < ServerTest
     assert_equal [0, true], [s.dig("refork", "mold", "generation"), s.dig("refork", "mold", "booted_app")],
                  "the mold that booted the app stays the only one"
     assert_equal pids.sort, s["workers"].map { |w| w["pid"] }.sort, "no worker was replaced"
-    refute_match(/becomes the mold of generation 2|refork: mold of generation [1-9]/, server.log)
+    refute_match(/forks the mold of generation 2|refork: mold of generation [1-9]/, server.log)
   end
 
   private

@@ -9,6 +9,8 @@ require_relative "../matrix"
 # the Dockerfile can install a gem from git, every nginx site stamps X-Request-Start (what the queue
 # time section asks for), and README's list of what `rake ci` runs names every task of the matrix.
 # The browser suite runs the README and DEPLOY.md examples it can (test/browser/browser_test.rb).
+# And docs/ARCHITECTURE.md's file table names every source file of lib/ and ext/, and no other
+# (issue 33, step 8).
 class DocsTest < Minitest::Test
   DOCS = DocSnippets.new(ROOT)
   PRODUCTION = /RACK_ENV[=:,]\s*(value:\s*)?"?(\$\{RACK_ENV:-)?production.*RAILS_ENV[=:,]\s*(value:\s*)?"?(\$\{RAILS_ENV:-)?production/m
@@ -50,5 +52,36 @@ class DocsTest < Minitest::Test
     TestMatrix::LANES.flat_map(&:tasks).uniq.each do |task|
       assert_includes tests, "`rake #{task}`", "README's Tests section names #{task} (test/matrix.rb runs it)"
     end
+  end
+
+  def test_the_architecture_table_names_every_source_file_and_no_other
+    listed = architecture_table_files
+    missing = source_files - listed
+    gone = listed - source_files
+    assert_empty missing, "docs/ARCHITECTURE.md's file table has no row for these (add one, with its job)"
+    assert_empty gone, "docs/ARCHITECTURE.md's file table names files that do not exist"
+  end
+
+  private
+
+  # lib/ recursively (*.rb: the built extension under lib/blackbuck/X.Y.Z/ is not source) and the
+  # extension's sources, relative to the root.
+  def source_files
+    Dir.glob(["lib/**/*.rb", "ext/blackbuck/*.{c,h}", "ext/blackbuck/extconf.rb"], base: ROOT).sort
+  end
+
+  # The files the first column of the table names: `dir/a.rb` a path, `b.rb` after it in the same
+  # row a file of the same directory, `dir/x.[ch]` both x.c and x.h.
+  def architecture_table_files
+    doc = File.read(File.join(ROOT, "docs/ARCHITECTURE.md"))
+    table = doc[/^\| file \| job \|\n\| --- \| --- \|\n((?:\|.*\n)+)/, 1] or flunk "docs/ARCHITECTURE.md: no | file | job | table"
+    table.lines.flat_map do |row|
+      dir = nil
+      row.split(" | ", 2).first.scan(/`([^`]+)`/).flatten.flat_map do |name|
+        dir = File.dirname(name) if name.include?("/")
+        path = name.include?("/") ? name : File.join(dir || flunk("#{row}: #{name} has no directory before it"), name)
+        path.end_with?(".[ch]") ? [path.sub(/\[ch\]\z/, "c"), path.sub(/\[ch\]\z/, "h")] : [path]
+      end
+    end.sort.uniq
   end
 end
