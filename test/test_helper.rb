@@ -7,6 +7,7 @@ require "timeout"
 require "fileutils"
 require "rbconfig"
 require "json"
+require_relative "support/slowest"
 
 ROOT = File.expand_path("..", __dir__)
 EXE = File.join(ROOT, "exe", "blackbuck")

@@ -8,7 +8,7 @@ class FaultTest < ServerTest
   # Bytes a second a slow reader takes them at. The general load's downloads last ~1.3 s: long
   # enough to be on their way when a fault strikes, short enough that a suite of loads stays quick.
   # stopping_download_test, which needs every download mid-way whenever its stop begins, reads at
-  # SLOW_DOWNLOAD_RATE (~5 s a download).
+  # SLOW_DOWNLOAD_RATE (stopping_download_test: 6 MiB, ~3 s a download).
   DOWNLOAD_RATE = 8_000_000
   SLOW_DOWNLOAD_RATE = 2_000_000
 
@@ -17,13 +17,13 @@ class FaultTest < ServerTest
   # Keep-alive clients over the UNIX socket, connection-per-request clients over TCP, and slow
   # readers downloading on keep-alive connections (TCP and UNIX in turn), which the apps the suite
   # runs answer at /download.
-  def load_on(server, keepalive: 2, fresh: 2, path: "/", downloads: 2, rate: DOWNLOAD_RATE)
+  def load_on(server, keepalive: 2, fresh: 2, path: "/", downloads: 2, rate: DOWNLOAD_RATE, bytes: DOWNLOAD_BYTES)
     clients = Array.new(keepalive) { |i| ["unix-ka-#{i}", -> { server.unix }, true, path] } +
               Array.new(fresh) { |i| ["tcp-#{i}", -> { server.tcp }, false, path] } +
               Array.new(downloads) do |i|
                 unix = i.odd? && server.unix_path
                 ["#{unix ? 'unix' : 'tcp'}-download-#{i}", unix ? -> { server.unix } : -> { server.tcp }, true,
-                 download_path, rate]
+                 download_path(bytes), rate]
               end
     (@loads ||= []) << FaultLoad.new(clients)
     @loads.last

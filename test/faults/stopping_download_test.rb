@@ -15,8 +15,12 @@ class StoppingDownloadFaultTest < FaultTest
                  app: "faults.ru", workers: 2, dir: dir)
   end
 
-  # Slow readers only (TCP and UNIX), each download ~5 s: whenever the stop begins, each is mid-way.
-  def downloads(server) = load_on(server, keepalive: 0, fresh: 0, downloads: 4, rate: SLOW_DOWNLOAD_RATE)
+  # Slow readers only (TCP and UNIX), each download ~3 s: whenever the stop begins, each is mid-way.
+  # 6 MiB is more than the kernel's largest TCP send buffer (tcp_wmem's 4 MiB) and 2 MB/s slow
+  # enough that the client reads for seconds after the last byte has gone to the kernel.
+  STOPPING_DOWNLOAD_BYTES = 6 * 1024 * 1024
+  def downloads(server) = load_on(server, keepalive: 0, fresh: 0, downloads: 4, rate: SLOW_DOWNLOAD_RATE,
+                                          bytes: STOPPING_DOWNLOAD_BYTES)
 
   [1, 4].each do |threads|
     define_method("test_ttou_during_downloads_loses_nothing_threads_#{threads}") do
