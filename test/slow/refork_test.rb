@@ -25,12 +25,13 @@ class ReforkTest < ServerTest
     [Integer(res.body[/pid=(\d+)/, 1]), Integer(res.body[/built_by=(\d+)/, 1]), res["connection"] == "close"]
   end
 
-  # Until generation `gen` has a mold and every worker is of that generation.
+  # Until generation `gen` has a mold and every worker is of that generation and serves (idle or busy:
+  # not starting, and not the worker that forked a replacement mold on its way out).
   def wait_for_generation(server, gen, timeout = 60)
     wait_for(timeout, "every worker of refork generation #{gen}") do
       s = status(server)
       s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
-           s["workers"].all? { |w| w["generation"] == gen && w["state"] != "starting" }
+           s["workers"].all? { |w| w["generation"] == gen && %w[idle busy].include?(w["state"]) }
     end
   end
 
@@ -292,7 +293,7 @@ class ReforkTest < ServerTest
       fresh_gets(server, 1)
       s = status(server)
       s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
-           s["workers"].all? { |w| w["generation"] == gen && w["state"] != "starting" }
+           s["workers"].all? { |w| w["generation"] == gen && %w[idle busy].include?(w["state"]) }
     end
   end
 end
