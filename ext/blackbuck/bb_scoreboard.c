@@ -343,9 +343,9 @@ static VALUE sb_tick(VALUE self, VALUE idx, VALUE state, VALUE conns)
     return Qnil;
 }
 
-/* read(i) -> [pid, state, requests, running_ms (0 when idle), heartbeat_age_ms, connections, method, path,
- *            spill_bytes] */
-static VALUE sb_read(VALUE self, VALUE idx)
+/* read_values(i) -> [pid, state, requests, running_ms (0 when idle), heartbeat_age_ms, connections, method,
+ *                   path, spill_bytes]: private; #read (scoreboard.rb) names them (Scoreboard::Slot, this order). */
+static VALUE sb_read_values(VALUE self, VALUE idx)
 {
     struct sb_slot *s = slot(self, idx);
     struct sb_slot c;
@@ -390,7 +390,7 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "moves", sb_moves, 3);
     rb_define_method(c, "free_threads", sb_free_threads, 2);
     rb_define_method(c, "free_elsewhere?", sb_free_elsewhere, 1);
-    rb_define_method(c, "read", sb_read, 1);
+    rb_define_private_method(c, "read_values", sb_read_values, 1);
     rb_define_method(c, "set_exit_reason", sb_set_exit_reason, 2);
     rb_define_method(c, "exit_reason", sb_exit_reason, 1);
     {

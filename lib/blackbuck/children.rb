@@ -35,7 +35,7 @@ module Blackbuck
     def all_gone? = @workers.empty? && @old.empty?
 
     # The slot is the fork's until the worker resets it: then it is in its loop.
-    def started?(child) = @scoreboard.read(child.index)[0] == child.pid
+    def started?(child) = @scoreboard.read(child.index).pid == child.pid
 
     # The slots of workers that have started: the ones whose numbers are live.
     def live_slots = select { |c| started?(c) }.map(&:index)

@@ -255,7 +255,7 @@ module Blackbuck
     # stopping) forks the next, which keeps the generation. None serving: a mold boots the app when
     # one is needed (#boot_due?).
     def replace_mold(children)
-      serving = children.select { |c| children.started?(c) && @scoreboard.read(c.index)[1] != Native::Scoreboard::STOPPING }
+      serving = children.select { |c| children.started?(c) && @scoreboard.read(c.index).state != Native::Scoreboard::STOPPING }
       chosen = serving.find { |c| c.generation == @generation } || serving.first
       return @none_to_fork = true unless chosen
 
@@ -316,11 +316,11 @@ module Blackbuck
       count = @counts[@generation]
       return unless count
 
-      children.find { |c| c.generation == @generation && @scoreboard.read(c.index)[2] >= count }
+      children.find { |c| c.generation == @generation && @scoreboard.read(c.index).requests >= count }
     end
 
     def promote(children, child)
-      requests = @scoreboard.read(child.index)[2]
+      requests = @scoreboard.read(child.index).requests
       @logger.info("refork: worker #{child.index} (pid #{child.pid}) served #{requests} requests " \
                    "(refork_after #{@counts[@generation]}); it forks the mold of generation #{@generation + 1}")
       @promoting = child

@@ -78,11 +78,11 @@ module Blackbuck
 
     # Master: the worker `pid` of slot `index` has been reaped; its slot still holds its numbers.
     def worker_exited(index, pid)
-      slot_pid, _state, requests = @scoreboard.read(index)
+      slot = @scoreboard.read(index)
       # A worker that died before taking its slot left its predecessor's numbers there, added already.
-      return unless slot_pid == pid
+      return unless slot.pid == pid
 
-      @exited[index] += requests
+      @exited[index] += slot.requests
       @exited_totals += slot_totals(index)
     end
 

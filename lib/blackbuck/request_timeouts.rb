@@ -28,11 +28,12 @@ module Blackbuck
       t = @clock.call
       @noticed.keep_if { |pid, _| children[pid] } # the reaped are forgotten
       children.each do |c|
-        _pid, _state, _reqs, running_ms, _hb, _conns, method, path = @scoreboard.read(c.index)
-        if running_ms <= @limit_ms
+        slot = @scoreboard.read(c.index)
+        if slot.running_ms <= @limit_ms
           @noticed.delete(c.pid)
         elsif !@noticed.key?(c.pid)
-          @logger.error("worker #{c.index} (pid #{c.pid}) timeout: #{method} #{path} running for #{running_ms / 1000.0}s")
+          @logger.error("worker #{c.index} (pid #{c.pid}) timeout: #{slot.request_method} #{slot.path} " \
+                        "running for #{slot.running_ms / 1000.0}s")
           @noticed[c.pid] = t
           children.signal(:USR2, c.pid)
         elsif t - @noticed[c.pid] > KILL_GRACE

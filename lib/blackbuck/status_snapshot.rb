@@ -87,22 +87,23 @@ module Blackbuck
     end
 
     def worker_entry(child)
-      pid, state, requests, running_ms, heartbeat_age_ms, connections, method, path, spill = @scoreboard.read(child.index)
-      started = pid == child.pid # the slot is the fork's until the worker resets it
+      slot = @scoreboard.read(child.index)
+      started = slot.pid == child.pid # the slot is the fork's until the worker resets it
+      running = started && slot.running_ms.positive?
       own = started ? @request_counts.slot_totals(child.index) : RequestCounts::Totals.empty
       {
         "index" => child.index,
         "pid" => child.pid,
         "generation" => child.generation || 0,
         "forked_by" => (child.origin || :master).to_s,
-        "state" => started ? state_name(state, running_ms) : "starting",
-        "requests" => started ? requests : 0,
-        "connections" => started ? connections : 0,
-        "spill_bytes" => started ? spill : 0,
-        "running_ms" => started ? running_ms : 0,
-        "method" => started && running_ms.positive? ? method : nil,
-        "path" => started && running_ms.positive? ? path : nil,
-        "heartbeat_age_ms" => started ? heartbeat_age_ms : nil,
+        "state" => started ? state_name(slot.state, slot.running_ms) : "starting",
+        "requests" => started ? slot.requests : 0,
+        "connections" => started ? slot.connections : 0,
+        "spill_bytes" => started ? slot.spill_bytes : 0,
+        "running_ms" => started ? slot.running_ms : 0,
+        "method" => running ? slot.request_method : nil,
+        "path" => running ? slot.path : nil,
+        "heartbeat_age_ms" => started ? slot.heartbeat_age_ms : nil,
         # Since the worker started: its requests' wait from arrival to the app's start, and the
         # connections it moved to other workers (Native::Handoff) or took from them.
         "queue_time" => percentiles(own.queue),

@@ -67,8 +67,7 @@ module Blackbuck
     # What the worker said in its slot; nil when the slot is not its own (it died before taking it:
     # the predecessor's word is there).
     def said(child)
-      slot_pid, = @scoreboard.read(child.index)
-      slot_pid == child.pid ? SAID[@scoreboard.exit_reason(child.index)] : nil
+      @scoreboard.read(child.index).pid == child.pid ? SAID[@scoreboard.exit_reason(child.index)] : nil
     end
   end
 end

@@ -104,11 +104,14 @@ class HandoffUnitTest < Minitest::Test
     sleep AFTER * 10
     assert_nil Native::Conn.receive(@receiver.fileno, []), "nothing moves while no app runs"
     @handoff.request_start(0, app_conn("/slow"), 0.0)
-    assert_equal [2, "GET", "/slow"], @scoreboard.read(0).values_at(1, 6, 7), "the scoreboard's request_start too"
+    slot = @scoreboard.read(0)
+    assert_equal [Native::Scoreboard::BUSY, "GET", "/slow"], [slot.state, slot.request_method, slot.path],
+                 "the scoreboard's request_start too"
     wait_moved(1) # the app runs long
     seen_moved = now # the mover saw the request waiting before this
     moved = @handoff.request_done(0, 0)
-    assert_equal [0, 1], @scoreboard.read(0).values_at(1, 2), "the scoreboard's request_done too"
+    slot = @scoreboard.read(0)
+    assert_equal [Native::Scoreboard::IDLE, 1], [slot.state, slot.requests], "the scoreboard's request_done too"
     assert_equal [conn.fd], moved
     assert conn.moved?
     assert_equal 1, @handoff.moved_out
