@@ -8,7 +8,7 @@ require "socket"
 # it (SEQPACKET pairs, pipes): each type comes back as it was sent, file descriptors included, on
 # the wire as before the codec (so nothing about sizes or atomicity changed), and what is not a
 # message is refused (Unknown), never raised.
-class MessagesTest < Minitest::Test
+class MessagesCodecTest < Minitest::Test
   M = Blackbuck::Messages
 
   def setup
