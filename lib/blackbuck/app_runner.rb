@@ -52,7 +52,7 @@ module Blackbuck
       def saturated? = false
       def in_app? = @in_app
 
-      # From the trap of Worker::STOP_ACCEPTING_SIGNAL: true when the worker should close its listeners
+      # From the trap of Messages::STOP_ACCEPTING_SIGNAL: true when the worker should close its listeners
       # now (the app runs); else remembered for the next request's start (#run).
       def stop_accepting_asked
         return true if @in_app

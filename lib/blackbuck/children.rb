@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "worker"
+require_relative "messages"
 
 module Blackbuck
   # The master's worker processes: this image's (a Child per pid, each in its scoreboard slot) and,
@@ -52,13 +52,14 @@ module Blackbuck
     # [[pid, control IO or nil], ...] of every worker, for the next image (Reexec.exec!).
     def for_exec = @workers.map { |pid, c| [pid, c.control] } + @old.to_a
 
-    def tell_stop(child, message = Worker::STOP_MESSAGE)
-      child.control.write_nonblock(message, exception: false) unless child.control.closed?
+    # message: a control message (Messages::STOP, FORCE, PROMOTE, RETIRE), on the worker's control pipe.
+    def tell_stop(child, message = Messages::STOP)
+      Messages.tell(child.control, message) unless child.control.closed?
     rescue IOError, SystemCallError
       nil
     end
 
-    def tell_all(message = Worker::STOP_MESSAGE) = each { |c| tell_stop(c, message) }
+    def tell_all(message = Messages::STOP) = each { |c| tell_stop(c, message) }
 
     # The previous images' workers that still have a control pipe are told to finish and exit;
     # each stays listed (without its pipe) until it is reaped. How many were told.
@@ -68,7 +69,7 @@ module Blackbuck
         next if io.nil?
 
         begin
-          io.write_nonblock(Worker::STOP_MESSAGE, exception: false) unless io.closed?
+          Messages.tell(io, Messages::STOP) unless io.closed?
           told += 1
         rescue IOError, SystemCallError
           nil

@@ -4,6 +4,7 @@ require "socket"
 require_relative "warmup"
 require_relative "hijacked"
 require_relative "action_cable_refork"
+require_relative "messages"
 
 module Blackbuck
   # The app says it can no longer be forked safely (it started a thread, opened a connection that
@@ -22,22 +23,22 @@ module Blackbuck
   # each warming a private copy. It forks rather than becomes it: the sockets the app took over
   # (WebSockets) and the app's threads serving them stay the worker's, which exits once the mold
   # is there (as any retiring worker, closing them); the mold closes its copies (Hijacked) and has
-  # no thread but its own. It runs only this loop: it announces itself to the master (Refork) with a socket of its
-  # own, then forks one worker per "fork INDEX" the master sends (with the worker's control pipe),
-  # and answers "spawned INDEX PID". Each worker is forked twice over (the middle process exits at
-  # once), so it becomes the master's child (the master is a child subreaper) and the master reaps
-  # it, as it reaps the workers it forks itself. It ends when the master closes its socket or
-  # sends TERM. When it is gone a serving worker forks the next, or, when none can, a new one boots the
-  # app (a master that holds the app forks the workers itself instead): Refork, docs/REFORKING.md.
+  # no thread but its own. It runs only this loop: it announces itself to the master (Refork) with a
+  # socket of its own (Messages::MoldReady), then forks one worker per Messages::SpawnRequest the
+  # master sends (with the worker's control pipe), and answers Messages::Spawned. Each worker is
+  # forked twice over (the middle process exits at once), so it becomes the master's child (the
+  # master is a child subreaper) and the master reaps it, as it reaps the workers it forks itself.
+  # It ends when the master closes its socket or sends TERM. When it is gone a serving worker forks
+  # the next, or, when none can, a new one boots the app (a master that holds the app forks the
+  # workers itself instead): Refork, docs/REFORKING.md.
   class Mold
-    MESSAGE_MAX = 512 # bytes of a message on the mold's sockets
     READY_SECONDS = 30 # the worker waits this long for the mold it forked to announce itself, then exits
 
     # In a worker told to fork the mold whose app must not be forked (Blackbuck.no_longer_fork_safe!):
     # the master hears why, and turns reforking off.
     # pid: the worker (a mold whose after_refork raised names the worker that forked it).
     def self.refuse(line, why, pid: Process.pid)
-      line&.sendmsg("unsafe #{pid} #{why.to_s.tr("\n", ' ').byteslice(0, 400)}", 0)
+      Messages.send_datagram(line, Messages::Unsafe.new(pid, why)) if line
     rescue IOError, SystemCallError
       nil
     end
@@ -82,10 +83,8 @@ module Blackbuck
       forgotten = forget_the_workers_state if @ready
       prepared = prepare_heap
       @socket, theirs = Socket.pair(:UNIX, :SEQPACKET)
-      # "mold PID [WORKER_PID INDEX]": the worker that forked it, if any (it may be reaped already
-      # when the master reads this)
-      @line.sendmsg("mold #{Process.pid}#{" #{Process.ppid} #{@index}" if @ready}", 0, nil,
-                    Socket::AncillaryData.unix_rights(theirs))
+      from = [Process.ppid, @index] if @ready # the worker that forked it (it may be reaped already when the master reads this)
+      Messages.send_datagram(@line, Messages::MoldReady.new(Process.pid, theirs, *from))
       theirs.close
       @logger.info("mold (pid #{Process.pid}) ready#{forgotten}#{prepared}" \
                    "#{"; closed its copies of #{@closed} connections the app took over (they stay the worker's)" if @closed&.positive?}")
@@ -134,13 +133,13 @@ module Blackbuck
 
     def serve
       loop do
-        msg, _addr, _flags, *controls = @socket.recvmsg(MESSAGE_MAX, 0, nil, scm_rights: true)
-        return if msg.nil? || msg.empty? # the master closed its end: it is gone, or done with this mold
-
-        control = controls.first&.unix_rights&.first
-        verb, index = msg.split(" ", 2)
-        fork_worker(Integer(index), control) if verb == "fork" && control
-        control&.close
+        case (message = Messages.receive(@socket))
+        when nil then return # the master closed its end: it is gone, or done with this mold
+        when Messages::SpawnRequest
+          fork_worker(message.index, message.control)
+          message.control.close
+        else @logger.warn("mold (pid #{Process.pid}): not a request, ignored: #{message.inspect}")
+        end
       end
     end
 
@@ -154,7 +153,7 @@ module Blackbuck
           @spawner.serve(index, control) # never returns
         end
         begin
-          @socket.sendmsg("spawned #{index} #{pid}", 0)
+          Messages.send_datagram(@socket, Messages::Spawned.new(index, pid))
         rescue IOError, SystemCallError
           nil # the master is done with this mold (it stops, or gave up on it): the worker sees its pipe close
         end
@@ -163,7 +162,7 @@ module Blackbuck
       Process.wait(middle)
     rescue StandardError => e
       @logger.exception("mold (pid #{Process.pid}): forking worker #{index} failed", e)
-      @socket.sendmsg("failed #{index} #{e.class}: #{e.message.tr("\n", ' ').byteslice(0, 300)}", 0)
+      Messages.send_datagram(@socket, Messages::SpawnFailed.new(index, "#{e.class}: #{e.message}"))
     end
   end
 end

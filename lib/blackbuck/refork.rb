@@ -2,8 +2,7 @@
 
 require "socket"
 require_relative "children"
-require_relative "worker"
-require_relative "mold"
+require_relative "messages"
 
 module Blackbuck
   # Reforking (refork_after), in the master. Workers forked from the master start with the heap the
@@ -41,7 +40,6 @@ module Blackbuck
     BOOT_RETRY_SECONDS = [1, 2, 5, 10, 30].freeze # after a mold that booted the app failed once it served
     REPLACE_ATTEMPTS = 3 # workers in a row told to fork a mold in place of one that died and exiting
                          # without (one was already stopping), after which a mold boots the app from disk
-    MESSAGE_MAX = Mold::MESSAGE_MAX
 
     # What the master knows of the mold: its pid, the socket it listens on, its generation (the
     # workers it forks belong to it), and its USS when status asks.
@@ -151,7 +149,7 @@ module Blackbuck
 
       control_r, control_w = IO.pipe
       begin
-        @mold.socket.sendmsg_nonblock("fork #{index}", 0, nil, Socket::AncillaryData.unix_rights(control_r))
+        Messages.send_datagram_nonblock(@mold.socket, Messages::SpawnRequest.new(index, control_r))
       rescue IOError, SystemCallError => e # (EAGAIN too: a mold whose socket is that full is stuck)
         control_w.close
         mold_failed(index, e.message)
@@ -263,7 +261,7 @@ module Blackbuck
                    "(generation #{@generation} stays)")
       @promoting = chosen
       @replacing = true
-      children.tell_stop(chosen, Worker::PROMOTE_MESSAGE)
+      children.tell_stop(chosen, Messages::PROMOTE)
     end
 
     # The worker told to fork the mold has exited without it announcing itself.
@@ -324,51 +322,52 @@ module Blackbuck
       @logger.info("refork: worker #{child.index} (pid #{child.pid}) served #{requests} requests " \
                    "(refork_after #{@counts[@generation]}); it forks the mold of generation #{@generation + 1}")
       @promoting = child
-      children.tell_stop(child, Worker::PROMOTE_MESSAGE)
+      children.tell_stop(child, Messages::PROMOTE)
     end
 
     def retire(children, child)
       @logger.info("refork: replacing worker #{child.index} (pid #{child.pid}, generation #{child.generation}) " \
                    "with one of generation #{@generation}")
       @retiring = child.pid
-      children.tell_stop(child, Worker::RETIRE_MESSAGE)
+      children.tell_stop(child, Messages::RETIRE)
     end
 
-    # "mold PID WORKER_PID INDEX" with the mold's own socket: the promoted worker forked the mold (it
-    # exits now, and its slot goes to the mold's first worker once it is reaped); "mold PID": the
-    # mold that booted the app; "unsafe PID WHY": the worker must not be forked, and reforking ends.
+    # The announcements (Messages): MoldReady from the promoted worker's mold, with its own socket
+    # (the worker exits now, and its slot goes to the mold's first worker once it is reaped), or
+    # from the mold that booted the app; Unsafe: the worker must not be forked, and reforking ends.
     def read_inbox(children)
       loop do
-        msg, _addr, _flags, *rights = @inbox.recvmsg_nonblock(MESSAGE_MAX, 0, nil, scm_rights: true, exception: false)
-        return if msg == :wait_readable || msg.nil? || msg.empty?
-
-        verb, pid, why = msg.split(" ", 3)
-        socket = rights.first&.unix_rights&.first
-        case verb
-        when "mold" then adopt_mold(children, pid.to_i, socket, *why&.split(" ", 2)&.map(&:to_i))
-        when "unsafe"
-          @logger.warn("refork: worker #{children[pid.to_i]&.index} (pid #{pid}) is not fork-safe (#{why}); reforking is off")
+        case (message = Messages.receive_nonblock(@inbox))
+        when :wait_readable, nil then return
+        when Messages::MoldReady then adopt_mold(children, message)
+        when Messages::Unsafe
+          @logger.warn("refork: worker #{children[message.pid]&.index} (pid #{message.pid}) is not fork-safe " \
+                       "(#{message.why}); reforking is off")
           @promoting_on = false
           @promoting = nil
           @replacing = false
+        else
+          @logger.warn("refork: not an announcement, ignored: #{message.inspect}")
         end
       end
     end
 
-    # from, index: the worker that forked it (nil for the mold that booted the app)
-    def adopt_mold(children, pid, socket, from = nil, index = nil)
-      return adopt_booted(pid, socket) if pid == @booting
+    # ready: its worker_pid and index, the worker that forked it (nil for the mold that booted the app)
+    def adopt_mold(children, ready)
+      pid = ready.pid
+      from = ready.worker_pid
+      return adopt_booted(pid, ready.socket) if pid == @booting
 
       stop_mold("generation #{@generation + 1} has a mold") if @mold
       replaced = @replacing && @mold.nil?
       @generation += 1 unless replaced
-      @mold = MoldProcess.new(pid, socket, @generation, false)
+      @mold = MoldProcess.new(pid, ready.socket, @generation, false)
       @promoting = nil
       @replacing = false
       @replace_failures = 0
       @leaving = from if from && children[from] # until it is reaped
       @logger.info("refork: mold of generation #{@generation} is pid #{pid}" \
-                   "#{" (forked by worker #{index}, pid #{from}, which exits)" if from}" \
+                   "#{" (forked by worker #{ready.index}, pid #{from}, which exits)" if from}" \
                    "#{'; it replaces the mold that is gone' if replaced}")
     end
 
@@ -382,25 +381,26 @@ module Blackbuck
       @logger.info("refork: mold of generation #{@generation} is pid #{pid} (it booted the app)")
     end
 
-    # The mold's answers, without waiting: "spawned INDEX PID" (the worker joins the children at the
-    # next #listen), "failed INDEX WHY", or its socket closed: a mold that fails is killed.
+    # The mold's answers (Messages), without waiting: Spawned (the worker joins the children at the
+    # next #listen), SpawnFailed, or its socket closed: a mold that fails is killed, and so is one
+    # whose answer cannot be read.
     def read_answers
       return if @mold.nil? || @asks.empty?
 
       loop do
-        msg, = @mold.socket.recvmsg_nonblock(MESSAGE_MAX, exception: false)
-        return if msg == :wait_readable
+        case (answer = Messages.receive_nonblock(@mold.socket))
+        when :wait_readable then return
+        when nil then return mold_failed(@asks.keys.first, "the mold closed its socket")
+        when Messages::SpawnFailed then return mold_failed(answer.index, answer.why)
+        when Messages::Spawned
+          next unless (ask = @asks.delete(answer.index)) # (no such ask: nothing to do)
 
-        verb, at, rest = msg.to_s.split(" ", 3)
-        index = Integer(at, exception: false)
-        return mold_failed(@asks.keys.first, "the mold closed its socket") if msg.nil? || msg.empty?
-        return mold_failed(index, rest) if verb == "failed"
-        next unless verb == "spawned" && (ask = @asks.delete(index)) # (no such ask: nothing to do)
-
-        pid = Integer(rest)
-        @arrived[pid] = Children::Child.new(index, pid, ask.control, now, false, @mold.generation, :mold)
+          @arrived[answer.pid] = Children::Child.new(answer.index, answer.pid, ask.control, now, false,
+                                                     @mold.generation, :mold)
+        else return mold_failed(@asks.keys.first, "not an answer: #{answer.inspect}")
+        end
       end
-    rescue IOError, SystemCallError, ArgumentError => e
+    rescue IOError, SystemCallError => e
       mold_failed(@asks.keys.first, e.message)
     end
 

@@ -5,6 +5,7 @@ require_relative "children"
 require_relative "worker"
 require_relative "mold"
 require_relative "warmup"
+require_relative "messages"
 
 module Blackbuck
   # Forks a worker for a scoreboard slot and runs it there: the master's traps undone, SCHED_BATCH,
@@ -24,7 +25,7 @@ module Blackbuck
       @logger = logger
       @traps = traps
       @refork = refork
-      # Why a worker crashed, from the worker (one line each: "PID REASON"), for the master's log
+      # Why a worker crashed, from the worker (Messages::Crash, one line each), for the master's log
       # line when workers cannot boot.
       @crash_r, @crash_w = IO.pipe
       @crashes = {} # pid => reason, until that worker is reaped
@@ -89,11 +90,8 @@ module Blackbuck
 
     # In the master, once pid is reaped: why it crashed (what it wrote before it died), or nil.
     def crash_reason(pid)
-      while (data = @crash_r.read_nonblock(65_536, exception: false)).is_a?(String)
-        data.each_line do |line|
-          crashed, reason = line.chomp.split(" ", 2)
-          @crashes[crashed.to_i] = reason if reason
-        end
+      Messages.receive_crashes(@crash_r).each do |crash|
+        @crashes[crash.pid] = crash.why if crash.is_a?(Messages::Crash) # (a line that is none: nothing to say)
       end
       @crashes.delete(pid)
     end
@@ -134,7 +132,7 @@ module Blackbuck
 
     # In a crashing worker: why, for the master (#crash_reason); one line, written at once or not at all.
     def tell_crash(reason)
-      @crash_w.write_nonblock("#{Process.pid} #{reason.byteslice(0, 1000).scrub.tr("\n", ' ')}\n", exception: false)
+      Messages.tell(@crash_w, Messages::Crash.new(Process.pid, reason))
     rescue IOError, SystemCallError
       nil
     end

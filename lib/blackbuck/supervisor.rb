@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "worker"
+require_relative "messages"
 require_relative "status"
 require_relative "status_snapshot"
 require_relative "request_counts"
@@ -162,7 +162,7 @@ module Blackbuck
           next if c.index < @wanted
 
           @exits.retiring(c.pid)
-          @children.tell_stop(c, Worker::RETIRE_MESSAGE)
+          @children.tell_stop(c, Messages::RETIRE)
         end
       when :USR1
         reopen_log
@@ -312,7 +312,7 @@ module Blackbuck
       @children.stop_old # after a HUP not yet complete: they stop too
       # A worker whose app runs reads its pipe only after the request: this makes it close its
       # listeners now, so new connections are refused instead of queued (Worker#stop_accepting_in_app).
-      @children.signal_all(Worker::STOP_ACCEPTING_SIGNAL)
+      @children.signal_all(Messages::STOP_ACCEPTING_SIGNAL)
       stops = 1
       deadline = now + @config[:graceful_timeout] + 1
       until all_gone?
@@ -330,7 +330,7 @@ module Blackbuck
 
           @logger.info("#{sig} again: forcing the stop: workers close every connection and exit after the request " \
                        "they are running (at most #{FORCE_GRACE}s); #{sig} once more exits at once")
-          @children.tell_all(Worker::FORCE_MESSAGE)
+          @children.tell_all(Messages::FORCE)
           deadline = [deadline, now + FORCE_GRACE].min
         when :USR1 then reopen_log
         when :CHLD then reap

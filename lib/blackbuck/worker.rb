@@ -12,6 +12,7 @@ require_relative "balancer"
 require_relative "episode"
 require_relative "memory"
 require_relative "worker_exits"
+require_relative "messages"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
@@ -40,13 +41,6 @@ module Blackbuck
     TICK_SECONDS = 0.5   # timeouts, scoreboard heartbeat and process title at most this often
     PROXY_HEADER_SECONDS = 5 # seconds a proxy_protocol listener's connection has to send its PROXY
                              # header (the spec: at least 3, for a TCP retransmit); header_timeout if shorter
-    STOP_MESSAGE = "q"   # from the master over the control pipe: finish what is in flight, then exit
-    FORCE_MESSAGE = "f"  # from the master: close every connection now and exit (a second Ctrl-C)
-    PROMOTE_MESSAGE = "m" # from the master (refork_after): stop serving and fork the mold (Mold)
-    RETIRE_MESSAGE = "r" # from the master: a worker of the new generation replaces this one; the
-                         # siblings serve on, so idle connections move to them (Balancer#move_idle)
-    STOP_ACCEPTING_SIGNAL = :URG # from the master after STOP_MESSAGE when the whole server stops: a
-                                 # worker whose app is running closes its listeners at once (#stop_accepting_in_app)
 
     QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
 
@@ -200,10 +194,10 @@ module Blackbuck
       @listener_by_fd.each_value { |l| accept_from(l) }
     end
 
-    # The server stops (Supervisor#shutdown: STOP_MESSAGE on the control pipe, then
-    # STOP_ACCEPTING_SIGNAL) while this worker's app runs a request: its loop reads the pipe only once
-    # the app returns, and meanwhile its listeners would keep queueing new connections for it. So
-    # they close now, their queued connections taken first (#close_listeners: served after the
+    # The server stops (Supervisor#shutdown: Messages::STOP on the control pipe, then
+    # Messages::STOP_ACCEPTING_SIGNAL) while this worker's app runs a request: its loop reads the pipe
+    # only once the app returns, and meanwhile its listeners would keep queueing new connections for
+    # it. So they close now, their queued connections taken first (#close_listeners: served after the
     # request, not reset), and once every worker's and the master's are closed a new connection is
     # refused at once: a load balancer retries it elsewhere. The request runs on; the stop itself
     # begins when the loop reads the pipe. Runs in the trap only while the app runs (the loop's state
@@ -264,7 +258,7 @@ module Blackbuck
       %i[TERM INT QUIT].each { |sig| trap(sig) { @stop_signals += 1 } }
       trap(:USR1) { @reopen_logs = true }
       # (Inline#stop_accepting_asked: now if the app runs, else once it starts, if it does)
-      trap(STOP_ACCEPTING_SIGNAL) { stop_accepting_in_app if @runner.stop_accepting_asked }
+      trap(Messages::STOP_ACCEPTING_SIGNAL) { stop_accepting_in_app if @runner.stop_accepting_asked }
       # The master's request-timeout notice: interrupt the app where it is. With app threads the loop
       # retires the worker at once (#tick): the master kills one whose request ignores the notice
       # (RequestTimeouts::KILL_GRACE), and the other threads' requests and the idle connections must
@@ -349,23 +343,19 @@ module Blackbuck
       @balancer.pass_wake # the listener woke this worker alone: a sibling takes what waits there
     end
 
+    # The master's message on the control pipe (Messages: messages written while the app ran are
+    # read together, and the strongest counts). Bytes that are no message mean stop, as STOP does.
     def on_control
-      msg = @control.read_nonblock(64, exception: false)
-      return if msg == :wait_readable
-
-      if msg.nil? # the master is gone
+      case Messages.receive_control(@control)
+      when :wait_readable then nil
+      when nil # the master is gone
         @poller.delete(@control.fileno)
         begin_graceful_stop("master exited")
-      elsif msg.include?(FORCE_MESSAGE)
-        force_stop("forced by master")
-      elsif msg.include?(STOP_MESSAGE)
-        begin_graceful_stop("asked by master")
-      elsif msg.include?(PROMOTE_MESSAGE)
-        promote
-      elsif msg.include?(RETIRE_MESSAGE)
-        retire("asked by master to retire (the others serve on)", :retire)
-      else
-        begin_graceful_stop("asked by master")
+      when Messages::FORCE then force_stop("forced by master")
+      when Messages::STOP, Messages::Unknown then begin_graceful_stop("asked by master")
+      when Messages::PROMOTE then promote
+      when Messages::RETIRE then retire("asked by master to retire (the others serve on)", :retire)
+      else raise "[BUG] a control message Worker#on_control does not handle"
       end
     end
 

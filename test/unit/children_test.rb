@@ -7,7 +7,7 @@ require "blackbuck"
 # slots the test fills as workers would. (Reaping needs real processes: test/slow covers it.)
 class ChildrenTest < Minitest::Test
   Children = Blackbuck::Children
-  Worker = Blackbuck::Worker
+  Messages = Blackbuck::Messages
 
   def setup
     @board = Blackbuck::Native::Scoreboard.new(4)
@@ -49,10 +49,10 @@ class ChildrenTest < Minitest::Test
     r0 = worker(kids, 0, 100)
     r1 = worker(kids, 1, 101)
     kids.tell_stop(kids[100])
-    assert_equal Worker::STOP_MESSAGE, r0.read_nonblock(64)
-    kids.tell_all(Worker::FORCE_MESSAGE)
-    assert_equal Worker::FORCE_MESSAGE, r0.read_nonblock(64)
-    assert_equal Worker::FORCE_MESSAGE, r1.read_nonblock(64)
+    assert_equal Messages::STOP, Messages.receive_control(r0)
+    kids.tell_all(Messages::FORCE)
+    assert_equal Messages::FORCE, Messages.receive_control(r0)
+    assert_equal Messages::FORCE, Messages.receive_control(r1)
     kids[100].control.close
     kids.tell_stop(kids[100]) # a closed pipe is no error
   end
@@ -65,7 +65,7 @@ class ChildrenTest < Minitest::Test
     assert kids.serving?, "the old image's workers serve meanwhile"
     assert_equal [100, 200, 201], kids.pids.sort
     assert_equal 1, kids.stop_old
-    assert_equal Worker::STOP_MESSAGE, r_old.read_nonblock(64)
+    assert_equal Messages::STOP, Messages.receive_control(r_old)
     assert w_old.closed?
     refute kids.handing_over?
     assert_equal [100, 200, 201], kids.pids.sort, "listed until reaped"

@@ -6,10 +6,10 @@ require "socket"
 
 # Refork's decisions without forking: real Children (with real control pipes and a real scoreboard
 # whose request counts the test writes as workers would), the announcement line spoken to as a
-# worker and a mold would. (The processes themselves: test/slow/refork_test.rb.)
+# worker and a mold would (Messages). (The processes themselves: test/slow/refork_test.rb.)
 class ReforkDecisionsTest < Minitest::Test
   Children = Blackbuck::Children
-  Worker = Blackbuck::Worker
+  Messages = Blackbuck::Messages
 
   class Log
     attr_reader :lines
@@ -43,12 +43,13 @@ class ReforkDecisionsTest < Minitest::Test
     served.times { @board.request_done(index, Blackbuck::Native::Scoreboard::IDLE) }
   end
 
-  def told(pid) = @pipes[pid].read_nonblock(16, exception: false).then { |m| m.is_a?(String) ? m : nil }
+  # The control message the worker pid was told since the last look, or nil.
+  def told(pid) = Messages.receive_control(@pipes[pid]).then { |m| m.is_a?(Messages::Control) ? m : nil }
 
   # from: the worker that forked it, [pid, index] (nil: the mold that booted the app)
   def announce_mold(pid, from = nil)
     @mold_end, theirs = Socket.pair(:UNIX, :SEQPACKET)
-    @refork.line.sendmsg("mold #{pid}#{" #{from.join(' ')}" if from}", 0, nil, Socket::AncillaryData.unix_rights(theirs))
+    Messages.send_datagram(@refork.line, Messages::MoldReady.new(pid, theirs, *from))
     theirs.close
   end
 
@@ -66,7 +67,7 @@ class ReforkDecisionsTest < Minitest::Test
     worker(0, 100, served: 3)
     worker(1, 101, served: 12)
     @refork.turn(@kids, 2)
-    assert_equal Worker::PROMOTE_MESSAGE, told(101)
+    assert_equal Messages::PROMOTE, told(101)
     assert_nil told(100)
     @refork.turn(@kids, 2)
     assert_nil told(101), "one promotion at a time"
@@ -109,14 +110,14 @@ class ReforkDecisionsTest < Minitest::Test
     assert_nil told(101), "not until the free slot has a serving worker again"
     worker(0, 200, generation: 1)
     @refork.turn(@kids, 3)
-    retired = [101, 102].select { |pid| told(pid) == Worker::RETIRE_MESSAGE }
+    retired = [101, 102].select { |pid| told(pid) == Messages::RETIRE }
     assert_equal 1, retired.size
     @refork.turn(@kids, 3)
     assert_equal [], [101, 102].select { |pid| told(pid) }, "one at a time"
     reaped(retired.first)
     worker(@kids.map(&:index).then { |taken| ([0, 1, 2] - taken).first }, 201, generation: 1)
     @refork.turn(@kids, 3)
-    assert_equal [Worker::RETIRE_MESSAGE], ([101, 102] - retired).map { |pid| told(pid) }
+    assert_equal [Messages::RETIRE], ([101, 102] - retired).map { |pid| told(pid) }
   ensure
     @mold_end&.close
   end
@@ -124,8 +125,8 @@ class ReforkDecisionsTest < Minitest::Test
   def test_a_worker_that_is_not_fork_safe_turns_reforking_off
     worker(0, 100, served: 12)
     @refork.turn(@kids, 1)
-    assert_equal Worker::PROMOTE_MESSAGE, told(100)
-    @refork.line.sendmsg("unsafe 100 it started a thread", 0)
+    assert_equal Messages::PROMOTE, told(100)
+    Messages.send_datagram(@refork.line, Messages::Unsafe.new(100, "it started a thread"))
     @refork.turn(@kids, 1)
     refute @refork.reforking?
     assert @refork.on?, "a mold that booted the app still forks the workers"
@@ -155,12 +156,12 @@ class ReforkDecisionsTest < Minitest::Test
     assert @refork.ask(1)
     assert @refork.asked?(1)
     assert_includes @refork.readers, mold.socket, "the master's loop wakes when the answer comes"
-    msg, _, _, control = @mold_end.recvmsg(64, 0, nil, scm_rights: true)
-    assert_equal "fork 1", msg
-    control.unix_rights.first.close
+    asked = Messages.receive(@mold_end)
+    assert_equal 1, asked.index
+    asked.control.close
     @refork.listen(@kids)
     assert_nil @kids[4242], "no answer yet: nothing waited for"
-    @mold_end.sendmsg("spawned 1 4242", 0)
+    Messages.send_datagram(@mold_end, Messages::Spawned.new(1, 4242))
     @refork.listen(@kids)
     assert_equal [1, 1, :mold], @kids[4242].to_h.values_at(:index, :generation, :origin)
     refute @refork.asked?(1)
@@ -173,11 +174,40 @@ class ReforkDecisionsTest < Minitest::Test
   def test_a_worker_reaped_before_its_answer_was_read_is_a_worker
     adopt_mold_of_generation_one
     @refork.ask(1)
-    @mold_end.sendmsg("spawned 1 4243", 0)
+    Messages.send_datagram(@mold_end, Messages::Spawned.new(1, 4243))
     child = @refork.reaped(4243, exited_with(1))
     assert_equal [1, 4243], [child.index, child.pid]
     @refork.listen(@kids)
     assert_nil @kids[4243], "it is gone: not added again"
+  ensure
+    @mold_end&.close
+  end
+
+  # What the master cannot read on the announcement line is logged and ignored: nothing changes.
+  def test_a_malformed_announcement_is_ignored
+    worker(0, 100, served: 12)
+    @refork.turn(@kids, 1)
+    @refork.line.send("mold 500", 0) # no socket with it
+    @refork.line.send("mold x 100 0", 0)
+    @refork.turn(@kids, 1)
+    assert_nil @refork.mold
+    assert_equal 0, @refork.generation
+    assert_match(/refork: not an announcement, ignored: .*"mold 500"/, @log.lines[-2])
+    assert_match(/refork: not an announcement, ignored: .*"mold x 100 0"/, @log.lines.last)
+    assert @refork.reforking?
+  end
+
+  # A mold whose answer cannot be read is broken: it is killed, as one that does not answer would be
+  # (without the wait).
+  def test_a_mold_whose_answer_cannot_be_read_is_killed
+    mold = adopt_mold_of_generation_one(pid: 999_999_999)
+    @refork.ask(1)
+    @mold_end.send("spawned 1 not-a-pid", 0)
+    @refork.listen(@kids)
+    assert_nil @refork.mold
+    assert mold.socket.closed?
+    refute @refork.asked?(1)
+    assert_match(/could not fork worker 1 \(not an answer: .*"spawned 1 not-a-pid".*\); forking it from the master/, @log.lines.last)
   ensure
     @mold_end&.close
   end
@@ -209,7 +239,7 @@ class ReforkDecisionsTest < Minitest::Test
     @refork.reaped(300, exited_with(1))
     assert_match(/workers fork from a new mold a worker forks \(the code they run, not what is on disk\)/, @log.lines.last)
     @refork.turn(@kids, 2, quiet: true)
-    assert_equal Worker::PROMOTE_MESSAGE, told(100)
+    assert_equal Messages::PROMOTE, told(100)
     refute @refork.boot_due?, "a worker forks it: no boot"
     announce_mold(500, [100, 0])
     @refork.turn(@kids, 2)
@@ -232,7 +262,7 @@ class ReforkDecisionsTest < Minitest::Test
     Blackbuck::Refork::REPLACE_ATTEMPTS.times do
       worker(0, pid)
       @refork.turn(@kids, 1)
-      assert_equal Worker::PROMOTE_MESSAGE, told(pid)
+      assert_equal Messages::PROMOTE, told(pid)
       reaped(pid)
       @refork.turn(@kids, 1)
       pid += 1
@@ -277,7 +307,7 @@ class ReforkDecisionsTest < Minitest::Test
 
     booted = Blackbuck::Refork.new([10], scoreboard: @board, logger: @log, subreaper: -> { true })
     booted.booting(400)
-    booted.line.sendmsg("mold 400", 0, nil, Socket::AncillaryData.unix_rights(theirs = Socket.pair(:UNIX, :SEQPACKET).first))
+    Messages.send_datagram(booted.line, Messages::MoldReady.new(400, theirs = Socket.pair(:UNIX, :SEQPACKET).first))
     theirs.close
     booted.turn(@kids, 1)
     booted.reaped(400, exited_with(1)) # the mold died once the app had booted
