@@ -7,7 +7,7 @@ require_relative "errors"
 require_relative "logger"
 require_relative "config"
 require_relative "allocator"
-require_relative "warmup"
+require_relative "app_source"
 
 module Blackbuck
   # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
@@ -57,18 +57,21 @@ module Blackbuck
       setup_yjit(argv, config) # before the app loads: its memory limit is given when YJIT starts
       # Reforking: the master does not load the app, a mold does (Refork), so nothing of it stays in
       # the master once a refork makes a warmer mold. --check loads it here, as ever.
-      lean = !config[:refork_after].empty? && !@check
-      app = load_app(config) unless lean
+      source = if !config[:refork_after].empty? && !@check
+                 AppSource.booted_by_mold(-> { load_app(config) }, config)
+               else
+                 AppSource.preloaded(load_app(config), config)
+               end
       if @check
         # HUP's boot check runs the warm-up too: new code whose warm-up fails must not be exec'd
-        Warmup.new(config, app, Logger.new(@err, debug: @debug)).run if Warmup.wanted?(config)
+        source.warm_up(Logger.new(@err, debug: @debug))
         @out.puts "blackbuck: #{config[:rackup]} boots (#{Logger.count(config[:workers], 'worker')}, #{config[:listen].join(' ')})"
         return 0
       end
       Reexec.command = [RbConfig.ruby, File.expand_path($PROGRAM_NAME), *argv]
       cmdline = Allocator.command(argv) # [ruby, *options, script, *argv]
       Reexec.ruby_options = Reexec.jit_options(cmdline[1...(cmdline.size - argv.size - 1)])
-      Server.run(config, app, loader: (-> { load_app(config) } if lean))
+      Server.run(config, source)
     rescue OptionParser::ParseError => e
       @err.puts "blackbuck: #{CLI.parse_error(e, parser)} (see blackbuck --help)"
       2

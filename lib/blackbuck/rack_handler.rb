@@ -48,7 +48,7 @@ module Blackbuck
       RequestTimeout.register_with_rails # (rails server: the app is loaded)
       control = Server::Control.new
       yield control if block_given?
-      Server.run(config, app, logger: logger, control: control)
+      Server.run(config, AppSource.preloaded(app, config), logger: logger, control: control)
     rescue ConfigError => e
       # One line and a non-zero exit, as from the blackbuck command (not the caller's backtrace).
       warn Logger.entry_text("blackbuck: #{e.message}")

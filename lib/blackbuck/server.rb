@@ -4,7 +4,7 @@ require "fcntl"
 require "rack"
 require_relative "memory"
 require_relative "allocator"
-require_relative "warmup"
+require_relative "app_source"
 
 module Blackbuck
   # Boots a server from a finished Config and a built app; shared by the CLI and the rack
@@ -13,17 +13,16 @@ module Blackbuck
   module Server
     module_function
 
-    # control: a Control (what a rack handler yields) that can ask this server to stop. app: nil
-    # when the master is not to hold it (the blackbuck command with refork_after): loader loads it
-    # then, in the mold that boots it (Refork).
-    def run(config, app, logger: Logger.new($stderr, path: config[:log], debug: config[:debug]), env: ENV, control: nil,
-            loader: nil)
+    # source: the AppSource, the app preloaded (the rack handler's; the blackbuck command's) or
+    # booted by a mold (the blackbuck command with refork_after, Refork). control: a Control (what a
+    # rack handler yields) that can ask this server to stop.
+    def run(config, source, logger: Logger.new($stderr, path: config[:log], debug: config[:debug]), env: ENV, control: nil)
       configure_native(config)
       Native.logger = logger # the C side warns through it (a response that cannot be spilled)
       check_spill_dir(config, logger)
       raise_open_files_limit(logger)
       # before binding: a warm-up that fails the boot leaves no listener (nor socket file) behind
-      Warmup.new(config, app, logger).run if app && Warmup.wanted?(config)
+      source.warm_up(logger)
       listeners = Reexec.listeners(env) # handed over by this master's previous image (HUP), flags and all
       listeners = Rebind.apply(listeners, config, logger) # ... made what the config names now
       if listeners.empty?
@@ -43,7 +42,7 @@ module Blackbuck
       Allocator.new(env: env).boot(config, logger) # malloc and YJIT lines; the arena cap, inherited by every fork
       logger.info(Memory.describe(config[:max_memory_per_child])) if config[:max_memory_per_child].positive?
       write_pid(config[:pid])
-      supervisor = Supervisor.new(config: config, app: app, listeners: listeners, logger: logger, loader: loader,
+      supervisor = Supervisor.new(config: config, source: source, listeners: listeners, logger: logger,
                                   old_workers: Reexec.old_workers(env), notify: SystemdNotify.from_env(env))
       control&.attach(supervisor)
       supervisor.run

@@ -4,7 +4,6 @@ require "socket"
 require_relative "children"
 require_relative "worker"
 require_relative "mold"
-require_relative "warmup"
 require_relative "messages"
 
 module Blackbuck
@@ -16,10 +15,12 @@ module Blackbuck
     # server: what the hooks get as their first argument (the Supervisor); traps: the signals the
     # master traps, set back to their defaults in the worker; refork: the master's Refork (its
     # announcement line goes to every worker: any may be told to fork the mold).
-    def initialize(server:, config:, app:, listeners:, scoreboard:, logger:, traps:, refork: nil)
+    # source: the AppSource (the app the master holds, or what a mold boots).
+    def initialize(server:, config:, source:, listeners:, scoreboard:, logger:, traps:, refork: nil)
       @server = server
       @config = config
-      @app = app
+      @source = source
+      @app = source.app # nil in the master when a mold boots it (#boot_mold)
       @listeners = listeners
       @scoreboard = scoreboard
       @logger = logger
@@ -55,10 +56,11 @@ module Blackbuck
     end
 
     # In the master, when it does not hold the app (refork_after: the blackbuck command leaves it
-    # to a mold): forks the process that loads it (loader), runs the warm-up, and then runs as the
-    # mold every worker forks from until a refork makes a warmer one (Mold#run). Returns its pid. The block
-    # runs first in it, as in #spawn's. A boot that fails says why on the crash pipe (#crash_reason).
-    def boot_mold(loader)
+    # to a mold): forks the process that loads it and runs the warm-up (AppSource#boot), and then runs
+    # as the mold every worker forks from until a refork makes a warmer one (Mold#run). Returns its pid.
+    # The block runs first in it, as in #spawn's. A boot that fails says why on the crash pipe
+    # (#crash_reason).
+    def boot_mold
       fork do
         @traps.each { |sig| trap(sig, "DEFAULT") }
         # The master decides (a Ctrl-C reaches the whole process group): it sends TERM
@@ -67,10 +69,8 @@ module Blackbuck
         @crash_r.close
         yield
         $0 = "blackbuck mold (booting the app)"
-        step = "loading the app"
-        @app = loader.call
-        step = "the warm-up"
-        Warmup.new(@config, @app, @logger).run if Warmup.wanted?(@config)
+        step = nil
+        @app = @source.boot(@logger, step: ->(s) { step = s })
         step = "the mold"
         Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: nil).run
       rescue Exception => e # rubocop:disable Lint/RescueException -- never back into the master's code

@@ -13,7 +13,7 @@ require_relative "worker_exits"
 require_relative "request_timeouts"
 require_relative "reload"
 require_relative "refork"
-require_relative "warmup"
+require_relative "app_source"
 require_relative "jobs"
 require_relative "restart_file"
 
@@ -30,9 +30,8 @@ module Blackbuck
     FORCE_GRACE = 5 # seconds a forced stop (a second INT/TERM) gives a request already in the app
 
     # old_workers: pid => control IO (nil once told to stop), from previous images (HUP).
-    # app: the loaded app, or nil when the master is not to hold it (reforking: a mold boots it,
-    # Refork); loader: then loads it (in the mold), and warms it up.
-    def initialize(config:, app:, listeners:, logger:, old_workers: [], notify: nil, loader: nil)
+    # source: the AppSource, the app preloaded here or booted by a mold (reforking, Refork).
+    def initialize(config:, source:, listeners:, logger:, old_workers: [], notify: nil)
       @config = config
       @listeners = listeners
       @logger = logger
@@ -43,9 +42,10 @@ module Blackbuck
       @signals = SignalQueue.new(SIGNALS)
       @children = Children.new(@scoreboard, logger, old_workers)
       @refork = Refork.new(config[:refork_after], scoreboard: @scoreboard, logger: logger)
-      app ||= load_here(loader) unless @refork.on? # (no mold can be made here: the master holds it after all)
-      @loader = app ? nil : loader # the master does not hold the app: molds boot it
-      @spawner = Spawner.new(server: self, config: config, app: app, listeners: listeners, scoreboard: @scoreboard,
+      # no mold can be made here: the master holds the app after all
+      source.load_in_master(logger) if source.mold_boots? && !@refork.on?
+      @source = source
+      @spawner = Spawner.new(server: self, config: config, source: source, listeners: listeners, scoreboard: @scoreboard,
                              logger: logger, traps: SIGNALS, refork: @refork)
       @respawn = Respawn.new(logger)
       @exits = WorkerExits.new(@scoreboard)
@@ -94,20 +94,12 @@ module Blackbuck
         early.each { |sig| @signals.push(sig) }
       end
       $0 = "blackbuck master #{@listeners.map(&:name).join(' ')}"
-      # last thing before the first fork: nothing of the boot allocates after it (Warmup::Heap); a
-      # master without the app has nothing to prepare (its mold does it)
-      Warmup.prepare_heap(logger: @logger) if @config[:gc_before_fork] && !@loader
+      @source.prepare_heap(@logger) # last thing before the first fork (a master without the app: nothing)
       turn until @stopping
       shutdown
     end
 
     private
-
-    def load_here(loader)
-      app = loader.call
-      Warmup.new(@config, app, @logger).run if Warmup.wanted?(@config)
-      app
-    end
 
     # One turn of the master's loop: a queued signal, or the housekeeping. No exception here ends
     # the master (the workers keep serving): it is logged and the loop goes on.
@@ -236,7 +228,7 @@ module Blackbuck
         next if taken.include?(i) || @refork.asked?(i)
         return if @respawn.wait?
         next if @refork.ask(i)
-        return boot_mold if @loader
+        return boot_mold if @source.mold_boots?
 
         @children.add(@spawner.spawn(i) { close_in_worker })
       end
@@ -246,7 +238,7 @@ module Blackbuck
     def boot_mold
       return if @stopping || !@refork.boot_due?
 
-      @refork.booting(@spawner.boot_mold(@loader) { close_in_worker })
+      @refork.booting(@spawner.boot_mold { close_in_worker })
     end
 
     # The first mold could not boot the app: the server stops, exit status 1, as when the workers

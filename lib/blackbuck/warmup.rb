@@ -7,16 +7,20 @@ require_relative "errors"
 
 module Blackbuck
   # What the master does with the loaded app before it forks the first worker, so every worker
-  # starts from a warm, compact, shared heap instead of paying the first requests' costs itself:
+  # starts from a warm, compact, shared heap instead of paying the first requests' costs itself
+  # (both steps are started by AppSource alone: it knows which process holds the app):
   #
-  # 1. #run (Server.run, before binding): the `warmup` directive's paths, requested through the app
-  #    in this process (lazy constants, routes, templates, caches are built once and shared by
-  #    copy on write), then its block, given the app. A path that raises or answers 5xx, or a block
-  #    that raises, is a boot failure (ConfigError: one line, exit 1), as a config.ru that raises.
+  # 1. #run (Server.run, before binding; or the mold that boots the app): the `warmup` directive's
+  #    paths, requested through the app in this process (lazy constants, routes, templates, caches
+  #    are built once and shared by copy on write), then its block, given the app. A path that
+  #    raises or answers 5xx, or a block that raises, is a boot failure (ConfigError: one line,
+  #    exit 1), as a config.ru that raises.
   #    Then what the warm-up connected is let go: Active Record's pools are disconnected, and any
   #    other socket it left open is named in a warning (Descriptors), since every worker would
   #    share it.
-  # 2. Warmup.prepare_heap (Supervisor#run, right before the first fork; gc_before_fork): Heap.
+  # 2. Warmup.prepare_heap (AppSource#prepare_heap from Supervisor#run, right before the first fork;
+  #    gc_before_fork): Heap.
+  #    (A mold prepares its own before it forks workers: Mold#prepare_heap.)
   class Warmup
     # The block given the app; the paths, requested in order. logger: the master's.
     def initialize(config, app, logger)
