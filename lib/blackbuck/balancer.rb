@@ -6,16 +6,18 @@ module Blackbuck
   # Every move of a connection between a worker and the others, and the one answer to "may this
   # worker take one more?" (#room?). The generation's hand-off socket is one queue shared by its
   # workers (docs/ARCHITECTURE.md, "Hand-off"); which way this worker moves its waiting requests is
-  # chosen once, from its app runner:
+  # chosen once, when it is built, and is one of two objects with the same methods (below), which
+  # Balancer calls without asking which it has:
   #
-  # - one app thread (AppRunner::Inline): the app holds the loop thread, so a watcher thread
-  #   (Native::Handoff) moves idle connections with a request waiting while the app runs long, and
-  #   the runner returns them through #release_moved;
-  # - app threads (AppRunner::Threads): the loop is never held by the app, so it moves them itself:
-  #   a request on an idle connection of a worker whose threads are all busy and whose queue is full
-  #   (#pass_on), and a queued request no thread has started once it has waited too long
-  #   (#move_waiting);
-  # - handoff_after 0 or no hand-off socket: nothing moves, and #room? is the connection limit and
+  # - LoopPasses, app threads (AppRunner::Threads) and a hand-off socket: the loop is never held by
+  #   the app, so it moves them itself: a request on an idle connection of a worker whose threads are
+  #   all busy and whose queue is full (#pass_on, #pass_new), and a queued request no thread has
+  #   started once it has waited too long (#move_waiting);
+  # - LoopKeeps, every other worker: the loop moves no request. With one app thread
+  #   (AppRunner::Inline) and a hand-off socket, the app holds the loop thread, so a watcher thread
+  #   (Native::Handoff, started by LoopKeeps#start) moves idle connections with a request waiting
+  #   while the app runs long, and the runner returns them through #release_moved. With
+  #   handoff_after 0 (no hand-off socket) nothing moves, and #room? is the connection limit and
   #   (app threads) a free thread.
   #
   # Every worker takes moved connections off the socket (#adopt) while it has room.
@@ -30,8 +32,9 @@ module Blackbuck
     # The receive end's fd (the loop hands its events to #adopt_one), or nil without hand-off.
     attr_reader :fd, :moved_in
 
-    # worker: the loop (pause_accepting, woke_at); conns: its Connections (table, [], take, moved_away,
-    # drop). socket: [send end, receive end] of the generation's hand-off pair, or nil.
+    # worker: the loop (pause_accepting, paused?, accept_stranded, woke_at); conns: its Connections
+    # (table, [], take, moved_away). socket: [send end, receive end] of the generation's hand-off
+    # pair, or nil.
     def initialize(worker, conns, runner, config, scoreboard, logger, index, socket)
       @worker = worker
       @conns = conns
@@ -42,24 +45,24 @@ module Blackbuck
       @logger = logger
       @index = index
       @socket = socket if socket && config[:handoff_after].positive?
-      @handoff_after = config[:handoff_after]
       @header_timeout = config[:header_timeout]
       @keepalive_timeout = config[:keepalive_timeout]
       @max_connections = config[:max_connections]
-      @size = runner.size
-      # A full round waits here, not fewer: a request moved to the hand-off socket queues behind the
-      # other workers' too, and under an even load that made 1% wait a round longer (p99 61 ms against
-      # 51 on the 10 ms app with 2 x 5 threads and 50 clients; a queue of 2 then).
-      @queue_max = [@size, QUEUE_MIN].max
       @short_since = nil # when this worker first refused a moved connection for want of descriptors (#adopt)
       @retiring = false # stopping while the siblings serve on: idle connections move to them (#move_idle)
       @moved_in = 0
-      @moved_out = 0 # by the loop thread (app threads); the watcher counts its own
+      @moved_out = 0 # a retiring worker's idle connections (#move_idle, #move_idle_later); @way counts its own
       @polled = false
       # Connections may wait on the hand-off socket without this worker having been woken for them:
       # it was not polled (#intake), or a wake-up found no room. Only then does a freed thread look
       # (#adopt_while_room), so a request costs no empty receive.
       @unseen = true
+      # How this worker's waiting requests move, chosen once (the class comment).
+      @way = if @socket && runner.size > 1
+               LoopPasses.new(self, worker, conns, runner, config, scoreboard, index, @socket[0].fileno)
+             else
+               LoopKeeps.new(worker, runner, config, scoreboard)
+             end
     end
 
     # listener_info: [env template, tcp] of each listener, for a connection moved here.
@@ -67,21 +70,14 @@ module Blackbuck
       return unless @socket
 
       @poller = poller
-      sender, receiver = @socket
-      if @size > 1
-        @pass_fd = sender.fileno
-      else
-        @watcher = Native::Handoff.new(poller, sender.fileno, @handoff_after, @scoreboard)
-        @runner.handoff(@watcher, self)
-        @watcher.start
-      end
-      @fd = receiver.fileno
+      @way.start(poller, @socket[0].fileno, self)
+      @fd = @socket[1].fileno
       @listener_info = listener_info
       intake(true)
     end
 
     def stop
-      @watcher&.stop
+      @way.stop
       tick
     end
 
@@ -91,7 +87,7 @@ module Blackbuck
       intake(true) if @short_since && !@stopping && !@runner.saturated? && !@worker.paused?
     end
 
-    def moved_out = @watcher ? @watcher.moved_out + @moved_out : @moved_out
+    def moved_out = @way.moved_out + @moved_out
 
     # The worker stops: it takes no moved connection to queue for its threads any more (#pass_on,
     # #adopt_while_room); what is left on the socket it still takes (#adopt_one, #take_left_over).
@@ -102,26 +98,17 @@ module Blackbuck
     # Every app thread has a request: no more from the hand-off socket. With the loop passing requests
     # on, new connections are still accepted (a request on one moves on at once, in arrival order
     # with the rest); without, they wait in the listen queue for a worker with a free thread.
-    def saturated
-      @pass_fd ? intake(false) : @worker.pause_accepting
-    end
+    def saturated = @way.saturated
 
     # May this worker take one more connection whose request waits (moved here, or queued for its
     # threads)? Below max_connections, and a thread free or (with hand-off) room in its queue: one
     # round at most, and only behind threads running a request younger than a typical one.
-    def room?
-      return false if @table.size >= @max_connections
-      return !@runner.saturated? unless @pass_fd
-
-      !full?
-    end
+    def room? = @table.size < @max_connections && @way.room?
 
     # May it accept a new connection? With the loop passing requests on (app threads and hand-off),
     # below max_connections is enough: a request on it that finds no room moves on at once (#pass_on),
     # in arrival order with the rest. Otherwise only with #room?: they wait in the listen queue.
-    def accept?
-      @pass_fd ? @table.size < @max_connections : room?
-    end
+    def accept? = @table.size < @max_connections && @way.accept?
 
     # Whether the hand-off socket is in the poller (connections other workers moved are taken).
     def intake(on)
@@ -187,20 +174,7 @@ module Blackbuck
     # Every request queued for the threads moves on (to the hand-off socket, as far as it has room):
     # from #move_waiting, and at once when one of the threads is stuck past the timeout
     # (Worker#timed_out_in_thread). How many moved.
-    def move_queued
-      return 0 unless @pass_fd
-
-      moved = 0
-      @runner.take_back do |conn|
-        next false unless conn.pass_request(@pass_fd)
-
-        moved += 1
-        @conns.moved_away(conn)
-        true
-      end
-      @moved_out += moved
-      moved
-    end
+    def move_queued = @way.move_queued
 
     # A retiring worker's connection that becomes idle after the retirement began (its response,
     # which promised keep-alive, was on its way then): it moves as the idle ones did (#move_idle),
@@ -221,38 +195,26 @@ module Blackbuck
     # to read it): one already on the hand-off socket waited longer and takes the queue's room first;
     # then, if there is no room, this one moves on. True when it did (the connection is gone here).
     # moved: it was just taken off the hand-off socket itself.
-    def pass_on(conn, moved)
-      return false unless @pass_fd
+    def pass_on(conn, moved) = @way.pass_on(conn, moved)
 
-      adopt if !moved && !@stopping && room?
-      full? && move_out(conn)
+    # LoopPasses#pass_on: a connection waiting on the hand-off socket is taken first, if there is room.
+    def adopt_first
+      adopt if !@stopping && room?
     end
 
     # A new connection (accepted or moved here) whose request would find no room moves on at once.
-    def pass_new(conn) = @pass_fd && full? && move_out(conn)
+    def pass_new(conn) = @way.pass_new(conn)
 
     # Requests queued here for a thread (#room?) move on, their bytes with them, once the oldest has
     # waited handoff_after and another worker has a free thread, so none waits behind a slow request
     # while a worker is free; or once it has waited twice as long as a request typically runs (the
     # threads it waits for are held by slow ones): then to the hand-off socket, where every worker's
     # next free thread takes the oldest first.
-    def move_waiting
-      return unless @pass_fd && @runner.busy > @size # (queued here)
-
-      oldest = @runner.oldest_waiting
-      return if oldest.nil? || (waited = @worker.woke_at - oldest) < @handoff_after
-      return unless waited >= @handoff_after + @runner.typical * 2 || @scoreboard.free_elsewhere?(@index)
-
-      move_queued
-    end
+    def move_waiting = @way.move_waiting
 
     # When the loop should look again at requests queued here (#move_waiting): the oldest may move
     # handoff_after after it was queued (then every handoff_after while it still waits). t otherwise.
-    def next_look(t)
-      return t unless @pass_fd && @runner.busy > @size && (oldest = @runner.oldest_waiting) # (queued here)
-
-      [t, [oldest, @worker.woke_at].max + @handoff_after].min
-    end
+    def next_look(t) = @way.next_look(t)
 
     # Connections the watcher moved to the hand-off socket while the app ran: another worker owns
     # them now. Each is unregistered (the socket lives on there, and epoll forgets a socket only
@@ -267,23 +229,6 @@ module Blackbuck
     end
 
     private
-
-    # Every thread busy and the queue holds a round already, or only threads held by slow requests.
-    def full?
-      busy = @runner.busy
-      busy >= @size + @queue_max || (busy >= @size && !@runner.room?(@worker.woke_at))
-    end
-
-    # Every app thread is busy and a request waits on this idle connection: another worker serves
-    # it (the hand-off socket; a worker takes from it only with a free thread). Not when part of it
-    # was read already, or the hand-off queue is full: then it waits here for a thread.
-    def move_out(conn)
-      return false unless conn.pass(@pass_fd)
-
-      @moved_out += 1
-      @conns.moved_away(conn)
-      true
-    end
 
     # A connection another worker moved here: served like a fresh one, whose request is waiting.
     # One per loop turn, so free workers share the queue. A worker short of descriptors takes none
@@ -338,6 +283,146 @@ module Blackbuck
           "any still queued after #{STRANDED_SECONDS} s (open connections: #{@table.size})"
       end
       aborted ? @worker.pause_accepting : intake(false)
+    end
+
+    # The two ways a worker's waiting requests move (the class comment), one chosen by #initialize.
+    # Each answers the same calls, the part of Balancer's method of that name that depends on the way:
+    #
+    #   start(poller, send_fd, balancer), stop, moved_out   with a hand-off socket / the worker exits /
+    #                                                       requests this way moved
+    #   saturated                 every app thread has a request: what stops
+    #   room?, accept?            below max_connections (Balancer checks it), may it take one more
+    #                             connection whose request waits / a new connection?
+    #   pass_on(conn, moved), pass_new(conn), move_queued, move_waiting, next_look(t)
+    #                             the loop's own moves (LoopKeeps: none)
+
+    # App threads and a hand-off socket: the loop passes requests on itself (Conn#pass, #pass_request).
+    class LoopPasses
+      # balancer: the hand-off socket's receiving side (intake, adopt_first); worker: woke_at.
+      def initialize(balancer, worker, conns, runner, config, scoreboard, index, send_fd)
+        @balancer = balancer
+        @worker = worker
+        @conns = conns
+        @runner = runner
+        @scoreboard = scoreboard
+        @index = index
+        @send_fd = send_fd
+        @handoff_after = config[:handoff_after]
+        @size = runner.size
+        # A full round waits here, not fewer: a request moved to the hand-off socket queues behind the
+        # other workers' too, and under an even load that made 1% wait a round longer (p99 61 ms against
+        # 51 on the 10 ms app with 2 x 5 threads and 50 clients; a queue of 2 then).
+        @queue_max = [@size, QUEUE_MIN].max
+        @moved_out = 0
+      end
+
+      attr_reader :moved_out
+
+      def start(_poller, _send_fd, _balancer) = nil
+      def stop = nil
+
+      # New connections are still accepted: a request on one that finds no room moves on at once.
+      def saturated = @balancer.intake(false)
+
+      # A thread free or room in the queue: one round at most, and only behind threads running a
+      # request younger than a typical one.
+      def room? = !full?
+
+      # Below max_connections is enough (#pass_new).
+      def accept? = true
+
+      def pass_on(conn, moved)
+        @balancer.adopt_first unless moved
+        full? && move_out(conn)
+      end
+
+      def pass_new(conn) = full? && move_out(conn)
+
+      def move_queued
+        moved = 0
+        @runner.take_back do |conn|
+          next false unless conn.pass_request(@send_fd)
+
+          moved += 1
+          @conns.moved_away(conn)
+          true
+        end
+        @moved_out += moved
+        moved
+      end
+
+      def move_waiting
+        return unless @runner.busy > @size # (queued here)
+
+        oldest = @runner.oldest_waiting
+        return if oldest.nil? || (waited = @worker.woke_at - oldest) < @handoff_after
+        return unless waited >= @handoff_after + @runner.typical * 2 || @scoreboard.free_elsewhere?(@index)
+
+        move_queued
+      end
+
+      def next_look(t)
+        return t unless @runner.busy > @size && (oldest = @runner.oldest_waiting) # (queued here)
+
+        [t, [oldest, @worker.woke_at].max + @handoff_after].min
+      end
+
+      private
+
+      # Every thread busy and the queue holds a round already, or only threads held by slow requests.
+      def full?
+        busy = @runner.busy
+        busy >= @size + @queue_max || (busy >= @size && !@runner.room?(@worker.woke_at))
+      end
+
+      # Every app thread is busy and a request waits on this idle connection: another worker serves
+      # it (the hand-off socket; a worker takes from it only with a free thread). Not when part of it
+      # was read already, or the hand-off queue is full: then it waits here for a thread.
+      def move_out(conn)
+        return false unless conn.pass(@send_fd)
+
+        @moved_out += 1
+        @conns.moved_away(conn)
+        true
+      end
+    end
+
+    # Every other worker: the loop moves no request; with one app thread and a hand-off socket, the
+    # watcher thread does while the app runs (#start).
+    class LoopKeeps
+      # worker: pause_accepting.
+      def initialize(worker, runner, config, scoreboard)
+        @worker = worker
+        @runner = runner
+        @handoff_after = config[:handoff_after]
+        @scoreboard = scoreboard
+        @watcher = nil # Native::Handoff, with one app thread and a hand-off socket
+      end
+
+      # With a hand-off socket (so one app thread: LoopPasses otherwise): the app holds the loop while
+      # it runs, so the watcher moves what waits meanwhile; the runner gives it request_start and
+      # request_done and hands the balancer what it moved (#release_moved).
+      def start(poller, send_fd, balancer)
+        @watcher = Native::Handoff.new(poller, send_fd, @handoff_after, @scoreboard)
+        @runner.handoff(@watcher, balancer)
+        @watcher.start
+      end
+
+      def stop = @watcher&.stop
+      def moved_out = @watcher ? @watcher.moved_out : 0
+
+      # New connections wait in the listen queue for a worker with a free thread.
+      def saturated = @worker.pause_accepting
+
+      # A free thread (always, with one app thread: the loop runs only between requests).
+      def room? = !@runner.saturated?
+      def accept? = room?
+
+      def pass_on(_conn, _moved) = false
+      def pass_new(_conn) = false
+      def move_queued = 0
+      def move_waiting = nil
+      def next_look(t) = t
     end
   end
 end
