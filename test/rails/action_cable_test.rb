@@ -120,7 +120,8 @@ class ActionCableTest < ServerTest
       client = subscribed_client(server, "generation #{gen}")
       token = "generation #{gen} #{SecureRandom.hex(4)}"
       assert_equal worker.to_s, broadcast(server, token), "generation #{gen}'s worker broadcast"
-      heard = client.wait_for(CABLE_SECONDS) { |m| m.dig("message", "text")&.start_with?(token) }
+      # (a ping's "message" is its time, an Integer: only a broadcast's is a Hash)
+      heard = client.wait_for(CABLE_SECONDS) { |m| m["message"].is_a?(Hash) && m["message"]["text"]&.start_with?(token) }
       assert heard, "generation #{gen}: the subscriber heard #{token.inspect} (got #{client.messages.inspect})\n#{server.log}"
       assert_equal "#{token} from #{worker}", heard.dig("message", "text")
       pinged = client.wait_for(CABLE_SECONDS) { |m| m["type"] == "ping" }
