@@ -153,9 +153,9 @@ class HandoffTest < ServerTest
   # it is still served (then closed with the rest), and every request is answered once.
   def test_term_while_a_moved_connection_waits_for_a_worker
     server = start_handoff
-    a1, b, pid = same_worker_pair(-> { server.tcp })
+    a1, b, = same_worker_pair(-> { server.tcp })
     send_get(a1, "/?gate=held")
-    wait_until_in_app(stats_path(server), pid)
+    wait_until_in_app(stats_path(server)) # (a1's worker, or the other: see below)
     a2 = server.tcp # the other worker accepts it (the first is in its app)
     send_get(a2, "/?gate=held")
     wait_for(15, "both workers in their apps") do
@@ -170,8 +170,10 @@ class HandoffTest < ServerTest
     r2 = read_response(a2, timeout: 30)
     rb = read_response(b, timeout: 30)
     assert_equal [200, 200, 200], [r1&.status, r2&.status, rb&.status]
-    assert_equal pid, served_by(r1)
-    refute_equal pid, served_by(r2), "the second slow request ran on the other worker"
+    # a1's request may run on the other worker: its own is still "in the app" (request_done comes
+    # after the probe's answer went out) when it arrives, and on a loaded CPU that can last past
+    # handoff_after (2 ms), so the watcher moves a1 on. Either way the two held requests hold both.
+    refute_equal served_by(r1), served_by(r2), "the two held requests ran on the two workers"
     assert closed_by_peer?(b), "the stopping server closes it after its answer"
     assert_equal 0, server.wait_exit(30)&.exitstatus
   ensure
