@@ -343,3 +343,20 @@ class DriversTest < Minitest::Test
     end
   end
 end
+
+# A server's port is picked below the kernel's ephemeral range, so no connect(2) or bind(0) of
+# another program takes it between the pick and the server's bind; a port a server holds is not
+# picked.
+class FreePortTest < Minitest::Test
+  include BlackbuckBench::Local
+
+  def test_ports_are_below_the_ephemeral_range_and_free
+    low = Integer(File.read("/proc/sys/net/ipv4/ip_local_port_range").split.first, 10)
+    held = Array.new(3) { free_port }.map { |port| TCPServer.new("127.0.0.1", port) }
+    ports = held.map { |s| s.addr[1] }
+    assert(ports.all? { |port| port < low && port >= low - PORT_SPAN }, "#{ports} below #{low}")
+    20.times { refute_includes ports, free_port }
+  ensure
+    held&.each(&:close)
+  end
+end
