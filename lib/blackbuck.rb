@@ -29,9 +29,9 @@ require_relative "blackbuck/scoreboard"
 require_relative "blackbuck/logger"
 require_relative "blackbuck/config"
 require_relative "blackbuck/listeners"
-require_relative "blackbuck/reexec"
+require_relative "blackbuck/master/reexec"
 require_relative "blackbuck/rebind"
-require_relative "blackbuck/supervisor"
+require_relative "blackbuck/master/supervisor"
 require_relative "blackbuck/server"
 
 module Blackbuck

@@ -139,7 +139,7 @@ module Blackbuck
     # solid_queue (or $SOLID_QUEUE_IN_PUMA) without the app's bin/jobs: the jobs would silently not
     # run, so the server does not start (the --check of a HUP fails the same way: the old code serves on).
     def refuse_without_jobs(config)
-      require_relative "jobs"
+      require_relative "master/jobs"
       why = config[:solid_queue] && Jobs.missing(config)
       raise ConfigError, why if why
     end

@@ -1,9 +1,9 @@
 # frozen_string_literal: true
 
 require "socket"
-require_relative "children"
-require_relative "worker"
-require_relative "mold"
+require_relative "master/children"
+require_relative "worker/worker"
+require_relative "mold/mold"
 require_relative "messages"
 
 module Blackbuck

@@ -2,7 +2,7 @@
 
 require_relative "../test_helper"
 require "blackbuck"
-require "blackbuck/request_counts"
+require "blackbuck/master/request_counts"
 require "blackbuck/status_client"
 
 # The durations `blackbuck status` and /status report for fast requests (issue 22, item 10): a

@@ -1,19 +1,19 @@
 # frozen_string_literal: true
 
-require_relative "messages"
+require_relative "../messages"
 require_relative "status"
 require_relative "status_snapshot"
 require_relative "request_counts"
 require_relative "systemd_notify"
 require_relative "signal_queue"
 require_relative "children"
-require_relative "spawner"
+require_relative "../spawner"
 require_relative "respawn"
 require_relative "worker_exits"
 require_relative "request_timeouts"
 require_relative "reload"
 require_relative "refork"
-require_relative "app_source"
+require_relative "../app_source"
 require_relative "jobs"
 require_relative "restart_file"
 

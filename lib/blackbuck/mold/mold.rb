@@ -1,10 +1,10 @@
 # frozen_string_literal: true
 
 require "socket"
-require_relative "warmup"
-require_relative "hijacked"
+require_relative "../warmup"
+require_relative "../worker/hijacked"
 require_relative "action_cable_refork"
-require_relative "messages"
+require_relative "../messages"
 
 module Blackbuck
   # The app says it can no longer be forked safely (it started a thread, opened a connection that

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "errors"
+require_relative "../errors"
 require_relative "response"
 require_relative "app_pool"
 

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "socket"
-require_relative "errors"
+require_relative "../errors"
 require_relative "file_redirect"
 require_relative "hijacked"
 

@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
-require_relative "version"
+require_relative "../version"
 require_relative "request_counts"
-require_relative "memory"
+require_relative "../memory"
 
 module Blackbuck
   # The numbers the status listener answers with, read when asked: every worker's scoreboard slot,

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require_relative "messages"
+require_relative "../messages"
 
 module Blackbuck
   # The master's worker processes: this image's (a Child per pid, each in its scoreboard slot) and,

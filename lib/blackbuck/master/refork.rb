@@ -2,7 +2,7 @@
 
 require "socket"
 require_relative "children"
-require_relative "messages"
+require_relative "../messages"
 
 module Blackbuck
   # Reforking (refork_after), in the master. Workers forked from the master start with the heap the

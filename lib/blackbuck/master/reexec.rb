@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-require_relative "errors"
-require_relative "early_signals"
+require_relative "../errors"
+require_relative "../early_signals"
 
 module Blackbuck
   # HUP: new code and gems under the same master pid (so it works under systemd and as PID 1).
@@ -20,7 +20,7 @@ module Blackbuck
     STATUS_ENV = "BLACKBUCK_STATUS_FD"     # the status listener's fd, kept across the exec
     STANDIN_ENV = "BLACKBUCK_STATUS_STANDIN" # pid of the child answering it while the new image boots
     WORKERS_ENV = "BLACKBUCK_OLD_WORKERS" # "pid:control_fd,..."; "pid:-": told to stop already
-    BOOT = File.expand_path("reexec_boot.rb", __dir__) # what the new image loads first
+    BOOT = File.expand_path("../reexec_boot.rb", __dir__) # what the new image loads first
     CHECK_TIMEOUT = 300                   # seconds the new code may take to boot in the check
 
     class << self

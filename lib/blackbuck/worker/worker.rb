@@ -3,16 +3,16 @@
 require "etc"
 require "stringio"
 require "tempfile"
-require_relative "errors"
+require_relative "../errors"
 require_relative "request"
 require_relative "response"
 require_relative "connections"
 require_relative "app_runner"
 require_relative "balancer"
 require_relative "episode"
-require_relative "memory"
-require_relative "worker_exits"
-require_relative "messages"
+require_relative "../memory"
+require_relative "../master/worker_exits"
+require_relative "../messages"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
