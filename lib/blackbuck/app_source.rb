@@ -11,7 +11,7 @@ module Blackbuck
   #
   # - preloaded: #warm_up in the master before binding (Server.run), #prepare_heap right before
   #   the first fork (Supervisor#run);
-  # - booted by a mold: #boot in the mold (Spawner#boot_mold: load, warm up; the mold prepares its
+  # - booted by a mold: #boot in the mold (Forker#booting_mold: load, warm up; the mold prepares its
   #   own heap before each fork, Mold#prepare_heap), nothing in the master; where no mold can be
   #   made (Refork#on? false) the master loads it after all (#load_in_master), and it is preloaded
   #   from then on.
@@ -45,7 +45,7 @@ module Blackbuck
       @app
     end
 
-    # In the mold that boots the app (Spawner#boot_mold): loads it and runs the warm-up; returns it.
+    # In the mold that boots the app (Forker#booting_mold): loads it and runs the warm-up; returns it.
     # step: told what runs, for the line of a boot that fails.
     def boot(logger, step: ->(_) {})
       step.call("loading the app")

@@ -8,7 +8,7 @@ module Blackbuck
   # Reforking (refork_after), in the master. Workers forked from the master start with the heap the
   # master had after boot, and each then warms a private copy of what the app loads lazily (Rails'
   # routes and views, caches, YJIT's code). So once a worker of the current generation has served
-  # refork_after[generation] requests, it forks the mold (Worker#promote, Mold#fork_from_worker): it
+  # refork_after[generation] requests, it forks the mold (Worker#promote, Forker#mold_from_worker): it
   # stops serving, its idle connections move to its siblings, it forks the mold and exits, and from
   # then on every new worker forks from the mold and shares its warm pages. The previous generation's workers are then replaced one at a time: each is
   # told to retire (its idle connections move to the others) only once every slot has a serving
@@ -16,7 +16,7 @@ module Blackbuck
   # the generation stays.
   #
   # The blackbuck command's master does not load the app when reforking: a first mold does
-  # (Spawner#boot_mold: it loads the app, warms it up, and forks generation 0), so the master holds
+  # (Forker#booting_mold: it loads the app, warms it up, and forks generation 0), so the master holds
   # only Blackbuck, and once a refork replaces that mold, nothing of the app stays in the master
   # that no worker shares. A master given a loaded app (a rack handler's: `rackup`, `rails server`)
   # forks generation 0 itself, as without reforking.
@@ -65,7 +65,7 @@ module Blackbuck
       @leaving = nil   # pid of the worker that forked the mold, until it exits
       @on = !counts.empty? && subreaper?(subreaper)
       @promoting_on = @on # false once a worker said the app is not fork-safe
-      @booting = nil      # pid of the mold loading the app (Spawner#boot_mold), until it announces itself
+      @booting = nil      # pid of the mold loading the app (Forker#booting_mold), until it announces itself
       @boot_failure = nil # why the first boot failed, for the master to end the server with
       @boot_failures = 0  # in a row, since the last mold that booted
       @boot_after = 0     # monotonic time before which no new boot is tried
@@ -175,7 +175,7 @@ module Blackbuck
     # a mold that booted it): a mold that dies is replaced by one a worker forks (#replace_mold).
     def lean? = @lean
 
-    # The master forked pid to boot the app and then run as the mold (Spawner#boot_mold).
+    # The master forked pid to boot the app and then run as the mold (Forker#booting_mold).
     def booting(pid)
       @booting = pid
       @lean = true

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "reexec"
+require_relative "../forker"
 
 module Blackbuck
   # HUP, in the master: boot the new code in a separate process first; only if it boots, re-exec
@@ -128,7 +129,7 @@ module Blackbuck
       return unless status
 
       master = Process.pid
-      fork do
+      Forker.process do
         # The master's traps came with the fork and would write to its self-pipe, closed below (a HUP
         # sent while this forked raised IOError here: seen on Ruby 4.0): the master's signals are the
         # master's; TERM is this process's own.

@@ -47,7 +47,7 @@ module Blackbuck
     # A reaped worker (Children#reap), logged. started: its slot shows it took it (ready, then gone
     # before #note_ready saw it); stopping: the master stops (no replacement is said or counted);
     # handing_over: a HUP's previous workers still serve; why: what the worker said before it died
-    # (Spawner#crash_reason). True when the workers cannot boot: the master then stops and exits 1.
+    # (Forker#crash_reason). True when the workers cannot boot: the master then stops and exits 1.
     def exited(child, status, started:, stopping:, handing_over:, why: nil)
       lived = now - child.started_at
       how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"

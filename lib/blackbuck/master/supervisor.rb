@@ -7,7 +7,7 @@ require_relative "request_counts"
 require_relative "systemd_notify"
 require_relative "signal_queue"
 require_relative "children"
-require_relative "../spawner"
+require_relative "../forker"
 require_relative "respawn"
 require_relative "worker_exits"
 require_relative "request_timeouts"
@@ -22,7 +22,7 @@ module Blackbuck
   # the dead and the stuck, and turns signals into actions. Traps only enqueue and wake the
   # loop; #run's `case` is the whole lifecycle (docs/SIGNALS.md follows it branch for branch).
   # Each job it delegates has a room of its own: the signal queue (SignalQueue), the workers
-  # and their reaping (Children), forking one (Spawner), when to replace one (Respawn), the
+  # and their reaping (Children), forking one (Forker), when to replace one (Respawn), the
   # request timeout (RequestTimeouts), HUP and the handover (Reload), the app's job runner (Jobs),
   # the restart file (RestartFile).
   class Supervisor
@@ -45,8 +45,8 @@ module Blackbuck
       # no mold can be made here: the master holds the app after all
       source.load_in_master(logger) if source.mold_boots? && !@refork.on?
       @source = source
-      @spawner = Spawner.new(server: self, config: config, source: source, listeners: listeners, scoreboard: @scoreboard,
-                             logger: logger, traps: SIGNALS, refork: @refork)
+      @forker = Forker.new(server: self, config: config, source: source, listeners: listeners, scoreboard: @scoreboard,
+                           logger: logger, traps: SIGNALS, refork: @refork)
       @respawn = Respawn.new(logger)
       @exits = WorkerExits.new(@scoreboard)
       @timeouts = RequestTimeouts.new(config[:timeout], @scoreboard, logger)
@@ -230,7 +230,7 @@ module Blackbuck
         next if @refork.ask(i)
         return boot_mold if @source.mold_boots?
 
-        @children.add(@spawner.spawn(i) { close_in_worker })
+        @children.add(@forker.worker(i) { close_in_worker })
       end
     end
 
@@ -238,7 +238,7 @@ module Blackbuck
     def boot_mold
       return if @stopping || !@refork.boot_due?
 
-      @refork.booting(@spawner.boot_mold { close_in_worker })
+      @refork.booting(@forker.booting_mold { close_in_worker })
     end
 
     # The first mold could not boot the app: the server stops, exit status 1, as when the workers
@@ -264,12 +264,12 @@ module Blackbuck
       others = lambda do |pid, status|
         next if @jobs&.reaped(pid, status)
 
-        @refork.reaped(pid, status, reasons[pid] = @spawner.crash_reason(pid))
+        @refork.reaped(pid, status, reasons[pid] = @forker.crash_reason(pid))
       end
       @children.reap(others: others) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
         @exits.exited(child, status, timed_out: @timeouts.noticed?(child.pid)) unless @stopping # (the slot too)
-        why = reasons.delete(child.pid) || @spawner.crash_reason(child.pid)
+        why = reasons.delete(child.pid) || @forker.crash_reason(child.pid)
         if @respawn.exited(child, status, started: @children.started?(child), stopping: @stopping,
                                           handing_over: @children.handing_over?, why: why)
           @exit_status = 1

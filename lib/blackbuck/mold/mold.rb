@@ -2,7 +2,6 @@
 
 require "socket"
 require_relative "../warmup"
-require_relative "../worker/hijacked"
 require_relative "action_cable_refork"
 require_relative "../messages"
 
@@ -19,15 +18,16 @@ module Blackbuck
 
   # The mold (refork_after): a worker that served long enough to have its app warm (code loaded,
   # caches filled, YJIT's code compiled) stops serving and forks the process new workers fork
-  # from (#fork_from_worker), so they start with what it warmed shared copy-on-write instead of
+  # from (Forker#mold_from_worker), so they start with what it warmed shared copy-on-write instead of
   # each warming a private copy. It forks rather than becomes it: the sockets the app took over
   # (WebSockets) and the app's threads serving them stay the worker's, which exits once the mold
   # is there (as any retiring worker, closing them); the mold closes its copies (Hijacked) and has
   # no thread but its own. It runs only this loop: it announces itself to the master (Refork) with a
   # socket of its own (Messages::MoldReady), then forks one worker per Messages::SpawnRequest the
   # master sends (with the worker's control pipe), and answers Messages::Spawned. Each worker is
-  # forked twice over (the middle process exits at once), so it becomes the master's child (the
-  # master is a child subreaper) and the master reaps it, as it reaps the workers it forks itself.
+  # forked twice over (Forker#worker_from_mold: the middle process exits at once), so it becomes the
+  # master's child (the master is a child subreaper) and the master reaps it, as it reaps the
+  # workers it forks itself.
   # It ends when the master closes its socket or sends TERM. When it is gone a serving worker forks
   # the next, or, when none can, a new one boots the app (a master that holds the app forks the
   # workers itself instead): Refork, docs/REFORKING.md.
@@ -43,35 +43,21 @@ module Blackbuck
       nil
     end
 
-    # spawner: runs a worker in a forked process (Spawner#serve); line: the master's announcement
-    # socket (Refork#line); server: what the hooks get (the Supervisor, as in the master).
+    # forker: forks the workers (Forker#worker_from_mold); line: the master's announcement socket
+    # (Refork#line); server: what the hooks get (the Supervisor, as in the master).
     # index: the slot it served as a worker (for the log), nil for the mold that booted the app
-    # itself (Spawner#boot_mold: the master does not load it when reforking).
-    def initialize(spawner:, line:, config:, logger:, server:, index:)
-      @spawner = spawner
+    # itself (Forker#booting_mold: the master does not load it when reforking). ready: in a mold a
+    # worker forked (Forker#mold_from_worker), the pipe it closes once it has announced itself (the
+    # worker then exits); closed: how many of the worker's taken-over sockets it closed (Hijacked).
+    def initialize(forker:, line:, config:, logger:, server:, index:, ready: nil, closed: nil)
+      @forker = forker
       @line = line
       @config = config
       @logger = logger
       @server = server
       @index = index
-    end
-
-    # In a worker told to fork the mold, once it has stopped serving: forks the mold, waits until
-    # it has announced itself to the master (or READY_SECONDS), and returns its pid; the worker then
-    # exits. The master adopts the mold by its announcement, and reaps the worker as any other.
-    def fork_from_worker
-      ready_r, ready_w = IO.pipe
-      pid = fork do
-        ready_r.close
-        @ready = ready_w
-        @closed = Hijacked.close_all
-        run
-      end
-      ready_w.close
-      ready_r.wait_readable(READY_SECONDS)
-      pid
-    ensure
-      ready_r&.close
+      @ready = ready
+      @closed = closed
     end
 
     # Never returns: the process exits when the mold's life ends.
@@ -136,30 +122,18 @@ module Blackbuck
         case (message = Messages.receive(@socket))
         when nil then return # the master closed its end: it is gone, or done with this mold
         when Messages::SpawnRequest
-          fork_worker(message.index, message.control)
+          spawn(message.index, message.control)
           message.control.close
         else @logger.warn("mold (pid #{Process.pid}): not a request, ignored: #{message.inspect}")
         end
       end
     end
 
-    # One worker for slot index: the middle process forks it and exits, so it is orphaned to the
-    # master (the child subreaper); the middle says its pid to the master.
-    def fork_worker(index, control)
+    # One worker for slot index (Forker#worker_from_mold: it is the master's child, and the master
+    # hears its pid from it); a fork that fails is answered so.
+    def spawn(index, control)
       @config[:before_fork]&.call(@server, index)
-      middle = fork do
-        pid = fork do
-          @socket.close
-          @spawner.serve(index, control) # never returns
-        end
-        begin
-          Messages.send_datagram(@socket, Messages::Spawned.new(index, pid))
-        rescue IOError, SystemCallError
-          nil # the master is done with this mold (it stops, or gave up on it): the worker sees its pipe close
-        end
-        exit!(0)
-      end
-      Process.wait(middle)
+      @forker.worker_from_mold(index, control, @socket)
     rescue StandardError => e
       @logger.exception("mold (pid #{Process.pid}): forking worker #{index} failed", e)
       Messages.send_datagram(@socket, Messages::SpawnFailed.new(index, "#{e.class}: #{e.message}"))

@@ -3,24 +3,36 @@
 require "socket"
 require_relative "master/children"
 require_relative "worker/worker"
+require_relative "worker/hijacked"
 require_relative "mold/mold"
 require_relative "messages"
 
 module Blackbuck
-  # Forks a worker for a scoreboard slot and runs it there: the master's traps undone, SCHED_BATCH,
-  # after_fork, then Worker#run until the worker is done, and exit! (nothing of the master's at-exit
-  # code runs in a worker). A worker that fails says why on a pipe, one line, which the master reads
-  # when it reaps it (#crash_reason): the log line of a worker that cannot boot names the cause.
-  class Spawner
+  # Every process the server forks is forked here, and what runs first in it is set here: the
+  # master's traps undone, then its job (the worker's loop, the mold's loop), and exit! (nothing of
+  # the master's at-exit code runs in a child). Four forks, each in the process that makes it:
+  # - #worker, in the master: the worker of a scoreboard slot, from the app the master holds;
+  # - #booting_mold, in the master when it does not hold the app (refork_after, the blackbuck
+  #   command): the mold that loads the app (AppSource#boot) and then forks generation 0;
+  # - #mold_from_worker, in a worker told to fork the mold (Worker#run returned :mold);
+  # - #worker_from_mold, in the mold: a worker, forked twice over so the master reaps it.
+  # And Forker.process, for a child of the master's that runs none of the server's code paths (the
+  # status stand-in of a HUP: Reload).
+  # A worker or mold that fails says why on a pipe, one line, which the master reads when it reaps
+  # it (#crash_reason): the log line of a worker that cannot boot names the cause.
+  class Forker
+    # A child process that runs the block and then exit!s (never back into the caller's code).
+    def self.process(&) = Process.fork(&)
+
     # server: what the hooks get as their first argument (the Supervisor); traps: the signals the
-    # master traps, set back to their defaults in the worker; refork: the master's Refork (its
+    # master traps, set back to their defaults in every child; refork: the master's Refork (its
     # announcement line goes to every worker: any may be told to fork the mold).
     # source: the AppSource (the app the master holds, or what a mold boots).
     def initialize(server:, config:, source:, listeners:, scoreboard:, logger:, traps:, refork: nil)
       @server = server
       @config = config
       @source = source
-      @app = source.app # nil in the master when a mold boots it (#boot_mold)
+      @app = source.app # nil in the master when a mold boots it (#booting_mold)
       @listeners = listeners
       @scoreboard = scoreboard
       @logger = logger
@@ -38,7 +50,7 @@ module Blackbuck
     # In the master: forks the worker of slot index and returns its Children::Child. The block runs
     # first in the new process: it closes what the master holds that a worker must not (its
     # wake-up pipe, the status listener, the other workers' control pipes).
-    def spawn(index)
+    def worker(index)
       control_r, control_w = IO.pipe
       @config[:before_fork]&.call(@server, index)
       pid = fork do
@@ -58,9 +70,9 @@ module Blackbuck
     # In the master, when it does not hold the app (refork_after: the blackbuck command leaves it
     # to a mold): forks the process that loads it and runs the warm-up (AppSource#boot), and then runs
     # as the mold every worker forks from until a refork makes a warmer one (Mold#run). Returns its pid.
-    # The block runs first in it, as in #spawn's. A boot that fails says why on the crash pipe
+    # The block runs first in it, as in #worker's. A boot that fails says why on the crash pipe
     # (#crash_reason).
-    def boot_mold
+    def booting_mold
       fork do
         @traps.each { |sig| trap(sig, "DEFAULT") }
         # The master decides (a Ctrl-C reaches the whole process group): it sends TERM
@@ -72,7 +84,7 @@ module Blackbuck
         step = nil
         @app = @source.boot(@logger, step: ->(s) { step = s })
         step = "the mold"
-        Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: nil).run
+        mold(index: nil).run
       rescue Exception => e # rubocop:disable Lint/RescueException -- never back into the master's code
         @logger.error("mold (pid #{Process.pid}): #{step} failed: #{e.message.lines.first&.chomp}") unless e.is_a?(SystemExit)
         tell_crash(e.message.lines.first&.chomp.to_s) unless e.is_a?(SystemExit)
@@ -81,11 +93,25 @@ module Blackbuck
       end
     end
 
-    # In a process the mold forked (Mold#fork_worker): runs the worker of slot index there, as #spawn's
-    # fork does; never returns.
-    def serve(index, control)
-      @traps.each { |sig| trap(sig, "DEFAULT") }
-      run_worker(index, control)
+    # In the mold: the worker of slot index, with its control pipe, forked twice over: the middle
+    # process forks it and exits, so it is orphaned to the master (the child subreaper), and says
+    # its pid on answers (Messages::Spawned) first. Returns once the middle has exited; raises
+    # when it cannot fork (the mold answers Messages::SpawnFailed).
+    def worker_from_mold(index, control, answers)
+      middle = fork do
+        pid = fork do
+          answers.close
+          @traps.each { |sig| trap(sig, "DEFAULT") }
+          run_worker(index, control) # never returns
+        end
+        begin
+          Messages.send_datagram(answers, Messages::Spawned.new(index, pid))
+        rescue IOError, SystemCallError
+          nil # the master is done with this mold (it stops, or gave up on it): the worker sees its pipe close
+        end
+        exit!(0)
+      end
+      Process.wait(middle)
     end
 
     # In the master, once pid is reaped: why it crashed (what it wrote before it died), or nil.
@@ -109,8 +135,7 @@ module Blackbuck
       flush_std
       if role == :mold
         hook = "the mold"
-        Mold.new(spawner: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: index)
-            .fork_from_worker
+        mold_from_worker(index)
       end
       exit!(0)
     rescue Exception => e # rubocop:disable Lint/RescueException -- a worker must never fall back into the master's code
@@ -118,6 +143,29 @@ module Blackbuck
       tell_crash("#{hook || 'the worker'} raised #{e.class}: #{e.message.lines.first&.chomp}")
       flush_std
       exit!(1)
+    end
+
+    # In a worker told to fork the mold, once it has stopped serving: forks the mold (the sockets
+    # the app took over stay the worker's: the mold closes its copies, Hijacked), waits until it has
+    # announced itself to the master (or Mold::READY_SECONDS), and returns its pid; the worker then
+    # exits. The master adopts the mold by its announcement, and reaps the worker as any other.
+    def mold_from_worker(index)
+      ready_r, ready_w = IO.pipe
+      pid = fork do
+        ready_r.close
+        closed = Hijacked.close_all
+        mold(index: index, ready: ready_w, closed: closed).run
+      end
+      ready_w.close
+      ready_r.wait_readable(Mold::READY_SECONDS)
+      pid
+    ensure
+      ready_r&.close
+    end
+
+    def mold(index:, ready: nil, closed: nil)
+      Mold.new(forker: self, line: @refork.line, config: @config, logger: @logger, server: @server, index: index,
+               ready: ready, closed: closed)
     end
 
     # exit! skips Ruby's at-exit flush: what the app logged to $stdout or $stderr (Rails in
