@@ -98,4 +98,43 @@ class ChildrenTest < Minitest::Test
     assert_equal [0, 1], kids.sort_by(&:index).map(&:index)
     refute kids.all_gone?
   end
+
+  def test_a_worker_starts_then_serves_and_its_state_says_what_it_was_told
+    kids = children
+    reads = { 100 => worker(kids, 0, 100), 101 => worker(kids, 1, 101) }
+    assert_equal %i[starting starting], kids.sort_by(&:index).map(&:state)
+    @board.reset(0, 100)
+    assert kids.started?(kids[100])
+    assert_equal :serving, kids[100].state
+    kids.tell_stop(kids[100], Messages::PROMOTE)
+    assert_equal [:promoting, Messages::PROMOTE], [kids[100].state, Messages.receive_control(reads[100])]
+    assert_equal kids[100], kids.in_state(:promoting)
+    kids.tell_stop(kids[100], Messages::RETIRE)
+    assert_equal :promoting, kids[100].state, "a worker forking the mold is not a retiring one (TTOU)"
+    kids.serves_on(100)
+    assert_equal :serving, kids[100].state
+    kids.tell_stop(kids[101], Messages::RETIRE)
+    assert_equal :retiring, kids[101].state
+    kids.tell_stop(kids[101], Messages::FORCE)
+    assert_equal :stopping, kids[101].state
+    kids.leaving(100)
+    assert_equal :leaving, kids[100].state
+    assert kids.started?(kids[100])
+    assert_equal :leaving, kids[100].state, "started? changes only a starting worker"
+  end
+
+  def test_molds_are_children_with_states_but_not_workers
+    kids = children
+    worker(kids, 0, 100)
+    a, b = pipe
+    kids.add_mold(Children::MoldChild.new(300, nil, 0, true, :booting))
+    kids.add_mold(Children::MoldChild.new(301, a, 1, false, :serving))
+    assert_equal [300, 301], [kids.booting_mold.pid, kids.mold.pid]
+    assert_equal [:mold, :worker], [kids.mold.role, kids[100].role]
+    assert_equal [100], kids.map(&:pid), "molds are not among the workers"
+    assert_equal [100], kids.pids
+    kids.close_in_child
+    assert a.closed?, "the mold's socket is the master's"
+    refute b.closed?
+  end
 end

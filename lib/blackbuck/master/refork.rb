@@ -2,6 +2,7 @@
 
 require "socket"
 require_relative "children"
+require_relative "refork_policy"
 require_relative "../messages"
 
 module Blackbuck
@@ -21,6 +22,10 @@ module Blackbuck
   # that no worker shares. A master given a loaded app (a rack handler's: `rackup`, `rails server`)
   # forks generation 0 itself, as without reforking.
   #
+  # What to do next is ReforkPolicy's (from the children's roles and states, and the scoreboard);
+  # this object carries it out: it tells workers, hears the molds, asks them for workers, and keeps
+  # the molds in the master's Children with their states (booting, serving, stopping).
+  #
   # The master never waits for the mold: it asks for a worker (#ask) and goes on with its loop; the
   # answer is read when the mold's socket is readable (#readers, #listen), and the worker joins the
   # master's children then.
@@ -37,45 +42,23 @@ module Blackbuck
   # refuses, and reforking turns off (the mold that booted the app stays the one workers fork from).
   class Refork
     FORK_SECONDS = 5 # seconds the mold may take to answer a fork; then it is killed and replaced
-    BOOT_RETRY_SECONDS = [1, 2, 5, 10, 30].freeze # after a mold that booted the app failed once it served
-    REPLACE_ATTEMPTS = 3 # workers in a row told to fork a mold in place of one that died and exiting
-                         # without (one was already stopping), after which a mold boots the app from disk
-
-    # What the master knows of the mold: its pid, the socket it listens on, its generation (the
-    # workers it forks belong to it), and its USS when status asks.
-    MoldProcess = Struct.new(:pid, :socket, :generation, :booted)
 
     # A fork asked of the mold and not answered yet: the write end of the worker's control pipe,
     # and when the master stops waiting.
     Ask = Struct.new(:control, :deadline)
 
-    attr_reader :generation, :mold
-
-    # counts: config[:refork_after]; subreaper: makes this process the child subreaper, true when
-    # it is (unit tests pass their own: the test process stays as it is).
-    def initialize(counts, scoreboard:, logger:, subreaper: -> { Native.child_subreaper })
+    # counts: config[:refork_after]; children: the master's Children (the molds join them);
+    # subreaper: makes this process the child subreaper, true when it is (unit tests pass their own:
+    # the test process stays as it is).
+    def initialize(counts, children:, scoreboard:, logger:, subreaper: -> { Native.child_subreaper })
+      @children = children
+      @logger = logger
+      @policy = ReforkPolicy.new(counts, scoreboard)
       @counts = counts
       @scoreboard = scoreboard
-      @logger = logger
-      @generation = 0
-      @mold = nil
-      @stopped_molds = [] # pids of molds told to stop, until reaped
-      @promoting = nil # the Child told to fork the mold, until the mold announces itself or the worker exits
-      @retiring = nil  # pid of the previous generation's worker told to retire, until it exits
-      @leaving = nil   # pid of the worker that forked the mold, until it exits
       @on = !counts.empty? && subreaper?(subreaper)
-      @promoting_on = @on # false once a worker said the app is not fork-safe
-      @booting = nil      # pid of the mold loading the app (Forker#booting_mold), until it announces itself
-      @boot_failure = nil # why the first boot failed, for the master to end the server with
-      @boot_failures = 0  # in a row, since the last mold that booted
-      @boot_after = 0     # monotonic time before which no new boot is tried
-      @adopted = false    # a mold that booted the app has announced itself once: the app boots
-      @lean = false       # the master does not hold the app (a mold boots it)
+      @cannot_boot = nil  # why the first boot failed, for the master to end the server with (#take_boot_failure)
       @asks = {}          # slot index => Ask, sent to the mold, until it answers or FORK_SECONDS pass
-      @arrived = {}       # pid => Children::Child the mold forked, until the master's children take it
-      @replacing = false  # the promoted worker forks a mold in place of one that died (same generation)
-      @replace_failures = 0 # such workers that exited without a mold, in a row (REPLACE_ATTEMPTS)
-      @none_to_fork = false # since the mold was lost, a turn found no serving worker to fork the next
       # Molds announce themselves here, and workers that must not be forked say so (one end each way:
       # every worker may be told to fork the mold, so every worker inherits the line).
       @inbox, @line = Socket.pair(:UNIX, :SEQPACKET) if @on
@@ -83,9 +66,11 @@ module Blackbuck
 
     def on? = @on
 
-    # Whether workers are still made molds: false once one said the app is not fork-safe (the mold
-    # machinery stays on: a mold that booted the app goes on forking the workers).
-    def reforking? = @promoting_on
+    # The refork generation: the workers the current mold forks belong to it.
+    def generation = @policy.generation
+
+    # The mold workers fork from (a Children::MoldChild), or nil.
+    def mold = @children.mold
 
     # The announcement line's sending end, for the workers (Worker#promote, Mold#run); nil when off.
     attr_reader :line
@@ -94,62 +79,47 @@ module Blackbuck
     def readers
       return [] unless @on
 
-      @mold && !@asks.empty? ? [@inbox, @mold.socket] : [@inbox]
+      mold && !@asks.empty? ? [@inbox, mold.socket] : [@inbox]
     end
 
-    # In a process the master forks: the master's ends are not its own.
+    # In a process the master forks: the master's ends are not its own (the molds' sockets are
+    # closed with the children's: Children#close_in_child).
     def close_in_child
       @inbox&.close unless @inbox.nil? || @inbox.closed?
-      @mold&.socket&.close unless @mold.nil? || @mold.socket.closed?
-      (@asks.values.map(&:control) + @arrived.values.map(&:control)).each { |io| io.close unless io.closed? }
+      @asks.each_value { |ask| ask.control.close unless ask.control.closed? }
     end
 
     # What the master hears, never waiting: announcements, the mold's answers (each worker it forked
-    # joins children), and a mold that did not answer within FORK_SECONDS (killed). Each turn of the
-    # loop, and while a HUP's boot check runs.
-    def listen(children)
+    # joins the children), and a mold that did not answer within FORK_SECONDS (killed). Each turn of
+    # the loop, and while a HUP's boot check runs.
+    def listen
       return unless @on
 
-      read_inbox(children)
+      read_inbox
       read_answers
       expire_asks
-      @arrived.each_value { |child| children.add(child) }
-      @arrived.clear
     end
 
-    # One turn of the master's loop: #listen, then at most one step: a promotion in place of a mold
-    # that died, a retirement of a previous generation's worker, or a promotion. wanted: the worker
-    # count; quiet: no refork step now (a HUP's handover, a stop).
-    def turn(children, wanted, quiet: false)
+    # One turn of the master's loop: #listen, then at most one step (ReforkPolicy#next_step). wanted:
+    # the worker count; quiet: no refork step now (a HUP's handover, a stop).
+    def turn(wanted, quiet: false)
       return unless @on
 
-      listen(children)
-      return unless @promoting_on # (a worker just said the app is not fork-safe)
-
-      promotion_ended if @promoting && children[@promoting.pid].nil?
-      @retiring = nil if @retiring && children[@retiring].nil?
-      @leaving = nil if @leaving && children[@leaving].nil?
-      return if @promoting
-      return replace_mold(children) if replace_mold? # (a retirement under way waits: no worker is forked meanwhile)
-      return if quiet || @retiring || @leaving || !children.all_started?(wanted)
-
-      if (old = children.find { |c| c.generation < @generation })
-        retire(children, old)
-      elsif (chosen = due(children))
-        promote(children, chosen)
-      end
+      listen
+      step = @policy.next_step(@children, wanted, quiet: quiet)
+      send(step.action, step.child) if step
     end
 
     # Asks the mold for the worker of slot index (with its control pipe); the worker joins the
     # master's children when the answer comes (#listen). False when there is no mold (then the
     # master forks it itself, or a mold is made).
     def ask(index)
-      return false unless @mold
+      return false unless (mold = self.mold)
       return true if @asks.key?(index)
 
       control_r, control_w = IO.pipe
       begin
-        Messages.send_datagram_nonblock(@mold.socket, Messages::SpawnRequest.new(index, control_r))
+        Messages.send_datagram_nonblock(mold.socket, Messages::SpawnRequest.new(index, control_r))
       rescue IOError, SystemCallError => e # (EAGAIN too: a mold whose socket is that full is stuck)
         control_w.close
         mold_failed(index, e.message)
@@ -164,71 +134,76 @@ module Blackbuck
     # Whether the mold was asked for slot index and has not answered yet.
     def asked?(index) = @asks.key?(index)
 
-    # Whether the master may start a mold that boots the app now: none is booting, none is there, no
-    # worker is forking one or can (#replace_mold), and the last failed boot is BOOT_RETRY_SECONDS old.
-    def boot_due?
-      @on && @booting.nil? && @mold.nil? && @promoting.nil? && (@none_to_fork || !replace_possible?) &&
-        @boot_failure.nil? && now >= @boot_after
-    end
+    # Whether the master may start a mold that boots the app now (ReforkPolicy#boot_due?), the
+    # first boot not having failed.
+    def boot_due? = @on && @cannot_boot.nil? && @policy.boot_due?(@children, now)
 
     # Whether the master holds no app and the mold's workers run the code it serves (they forked from
-    # a mold that booted it): a mold that dies is replaced by one a worker forks (#replace_mold).
-    def lean? = @lean
+    # a mold that booted it): a mold that dies is replaced by one a worker forks.
+    def lean? = @policy.lean?
 
     # The master forked pid to boot the app and then run as the mold (Forker#booting_mold).
     def booting(pid)
-      @booting = pid
-      @lean = true
+      @children.add_mold(Children::MoldChild.new(pid, nil, generation, true, :booting))
+      @policy.lean!
       @logger.info("refork: mold (pid #{pid}) is booting the app; workers fork from it")
     end
 
     # Why the first mold could not boot the app (the server cannot start), once; else nil.
     def take_boot_failure
-      why = @boot_failure
-      @boot_failure = nil if why
+      why = @cannot_boot
+      @cannot_boot = nil if why
       why
     end
 
-    # A child of the master's that is not a worker has exited: the mold, a previous one, a worker the
-    # mold forked whose answer was not read yet (returned, a Children::Child: the master treats its
-    # exit as any worker's), or another child (a HUP's boot check, whose exit is said elsewhere).
+    # A worker has exited (Children#reap): one told to fork the mold ends its promotion; one that was to
+    # replace the mold that died and did not is logged (another is told, or a mold boots the app).
+    def worker_exited(child)
+      return unless @on && child.state == :promoting && @policy.promotion_ended(mold: !mold.nil?)
+
+      @logger.warn("refork: worker #{child.index} (pid #{child.pid}) exited without forking a mold; " \
+                   "#{@policy.successor == :worker ? 'another is told' : 'a new mold boots the app'}")
+    end
+
+    # A child of the master's that is not a worker has exited: a mold (Children forgot it), a worker
+    # the mold forked whose answer was not read yet (returned, a Children::Child: the master treats
+    # its exit as any worker's), or another child (a HUP's boot check, whose exit is said elsewhere).
     # why: what it said before it died.
-    def reaped(pid, status, why = nil)
+    def reaped(pid, status, mold = nil, why = nil)
       how = status.signaled? ? "killed by SIG#{Signal.signame(status.termsig)}" : "exited with status #{status.exitstatus}"
-      if @booting == pid
-        boot_failed(pid, how, why)
-      elsif @mold&.pid == pid
-        @logger.warn("mold (pid #{pid}, generation #{@mold.generation}) #{how}; workers fork from " \
+      case mold&.state
+      when :booting then boot_failed(pid, how, why)
+      when :serving
+        @logger.warn("mold (pid #{pid}, generation #{mold.generation}) #{how}; workers fork from " \
                      "#{successor} until the next refork")
-        forget_mold
-      elsif @stopped_molds.delete(pid)
-        @logger.info("previous mold (pid #{pid}) #{how}")
+        forget(mold)
+      when :stopping then @logger.info("previous mold (pid #{pid}) #{how}")
       else
         # (the mold's middle process says the pid before it exits, so the answer is there to read)
         read_answers unless @asks.empty?
-        @arrived.delete(pid)
+        @children.delete(pid)
       end
     end
 
     # The server stops, or HUP replaces the code: the mold goes (its workers stay until told), and
     # so does one still booting the app.
     def stop_mold(why)
-      stop_booting(why) if @booting
-      return unless @mold
+      if (booting = @children.booting_mold)
+        @logger.info("mold (pid #{booting.pid}) booting the app stopping: #{why}")
+        stop(booting, :TERM)
+      end
+      return unless (mold = self.mold)
 
-      @logger.info("mold (pid #{@mold.pid}) stopping: #{why}")
-      @stopped_molds << @mold.pid
-      Process.kill(:TERM, @mold.pid)
-      forget_mold
-    rescue Errno::ESRCH
-      forget_mold
+      @logger.info("mold (pid #{mold.pid}) stopping: #{why}")
+      stop(mold, :TERM)
     end
 
     # For /status: the refork generation, the mold (pid, generation, whether it booted the app) or
     # nil, and the pid of a mold still booting the app, or nil.
     def status
-      mold = @mold && { "pid" => @mold.pid, "generation" => @mold.generation, "booted_app" => @mold.booted }
-      { "generation" => @generation, "mold" => mold, "booting" => @booting }
+      mold = self.mold
+      mold &&= { "pid" => mold.pid, "generation" => mold.generation, "booted_app" => mold.booted }
+      { "generation" => generation, "mold" => mold, "booting" => @children.booting_mold&.pid }
     end
 
     private
@@ -237,65 +212,40 @@ module Blackbuck
 
     # Where workers come from once the mold is gone, for the log.
     def successor
-      return "the master" unless @lean
-      return "a new mold that boots the app" unless replace_possible?
-
-      "a new mold a worker forks (the code they run, not what is on disk)"
-    end
-
-    # A new mold can be forked by a worker, in place of the mold that died: the master holds no app,
-    # the app booted in this image, and no worker has refused or failed to.
-    def replace_possible? = @lean && @adopted && @promoting_on && @replace_failures < REPLACE_ATTEMPTS
-
-    def replace_mold? = @mold.nil? && @booting.nil? && replace_possible?
-
-    # The mold is gone: a serving worker (of the current generation if one serves; not one that is
-    # stopping) forks the next, which keeps the generation. None serving: a mold boots the app when
-    # one is needed (#boot_due?).
-    def replace_mold(children)
-      serving = children.select { |c| children.started?(c) && @scoreboard.read(c.index).state != Native::Scoreboard::STOPPING }
-      chosen = serving.find { |c| c.generation == @generation } || serving.first
-      return @none_to_fork = true unless chosen
-
-      @logger.info("refork: worker #{chosen.index} (pid #{chosen.pid}) forks a mold in place of the one that is gone " \
-                   "(generation #{@generation} stays)")
-      @promoting = chosen
-      @replacing = true
-      children.tell_stop(chosen, Messages::PROMOTE)
-    end
-
-    # The worker told to fork the mold has exited without it announcing itself.
-    def promotion_ended
-      if @replacing && @mold.nil?
-        @replace_failures += 1
-        @logger.warn("refork: worker #{@promoting.index} (pid #{@promoting.pid}) exited without forking a mold; " \
-                     "#{replace_possible? ? 'another is told' : 'a new mold boots the app'}")
+      case @policy.successor
+      when :master then "the master"
+      when :boot then "a new mold that boots the app"
+      else "a new mold a worker forks (the code they run, not what is on disk)"
       end
-      @promoting = nil
-      @replacing = false
     end
 
-    def stop_booting(why)
-      @logger.info("mold (pid #{@booting}) booting the app stopping: #{why}")
-      @stopped_molds << @booting
-      Process.kill(:TERM, @booting)
-    rescue Errno::ESRCH
-      nil
-    ensure
-      @booting = nil
+    # The mold is gone: a serving worker forks the next, which keeps the generation (ReforkPolicy).
+    def replace(child)
+      @logger.info("refork: worker #{child.index} (pid #{child.pid}) forks a mold in place of the one that is gone " \
+                   "(generation #{generation} stays)")
+      @children.tell_stop(child, Messages::PROMOTE)
+    end
+
+    def promote(child)
+      requests = @scoreboard.read(child.index).requests
+      @logger.info("refork: worker #{child.index} (pid #{child.pid}) served #{requests} requests " \
+                   "(refork_after #{@counts[generation]}); it forks the mold of generation #{generation + 1}")
+      @children.tell_stop(child, Messages::PROMOTE)
+    end
+
+    def retire(child)
+      @logger.info("refork: replacing worker #{child.index} (pid #{child.pid}, generation #{child.generation}) " \
+                   "with one of generation #{generation}")
+      @children.tell_stop(child, Messages::RETIRE)
     end
 
     # The mold booting the app died before it could fork: the first time, the server cannot start;
-    # once the app has booted, a new one is tried a little later (BOOT_RETRY_SECONDS).
+    # once the app has booted, a new one is tried a little later (ReforkPolicy#boot_failed).
     def boot_failed(pid, how, why)
-      @booting = nil
-      unless @adopted
-        @boot_failure = why || "the mold (pid #{pid}) booting the app #{how}"
+      unless (wait = @policy.boot_failed(now))
+        @cannot_boot = why || "the mold (pid #{pid}) booting the app #{how}"
         return
       end
-      wait = BOOT_RETRY_SECONDS[@boot_failures] || BOOT_RETRY_SECONDS.last
-      @boot_failures += 1
-      @boot_after = now + wait
       @logger.error("refork: the mold (pid #{pid}) booting the app #{how}#{": #{why}" if why}; " \
                     "another boots in #{wait}s (the workers serve on)")
     end
@@ -309,94 +259,66 @@ module Blackbuck
       false
     end
 
-    # The worker of the current generation that has served its count, if any (the list not exhausted).
-    def due(children)
-      count = @counts[@generation]
-      return unless count
-
-      children.find { |c| c.generation == @generation && @scoreboard.read(c.index).requests >= count }
-    end
-
-    def promote(children, child)
-      requests = @scoreboard.read(child.index).requests
-      @logger.info("refork: worker #{child.index} (pid #{child.pid}) served #{requests} requests " \
-                   "(refork_after #{@counts[@generation]}); it forks the mold of generation #{@generation + 1}")
-      @promoting = child
-      children.tell_stop(child, Messages::PROMOTE)
-    end
-
-    def retire(children, child)
-      @logger.info("refork: replacing worker #{child.index} (pid #{child.pid}, generation #{child.generation}) " \
-                   "with one of generation #{@generation}")
-      @retiring = child.pid
-      children.tell_stop(child, Messages::RETIRE)
-    end
-
     # The announcements (Messages): MoldReady from the promoted worker's mold, with its own socket
     # (the worker exits now, and its slot goes to the mold's first worker once it is reaped), or
     # from the mold that booted the app; Unsafe: the worker must not be forked, and reforking ends.
-    def read_inbox(children)
+    def read_inbox
       loop do
         case (message = Messages.receive_nonblock(@inbox))
         when :wait_readable, nil then return
-        when Messages::MoldReady then adopt_mold(children, message)
+        when Messages::MoldReady then adopt_mold(message)
         when Messages::Unsafe
-          @logger.warn("refork: worker #{children[message.pid]&.index} (pid #{message.pid}) is not fork-safe " \
+          @logger.warn("refork: worker #{@children[message.pid]&.index} (pid #{message.pid}) is not fork-safe " \
                        "(#{message.why}); reforking is off")
-          @promoting_on = false
-          @promoting = nil
-          @replacing = false
+          @policy.unsafe
+          @children.serves_on(message.pid)
         else
           @logger.warn("refork: not an announcement, ignored: #{message.inspect}")
         end
       end
     end
 
-    # ready: its worker_pid and index, the worker that forked it (nil for the mold that booted the app)
-    def adopt_mold(children, ready)
+    # ready: its pid and socket, and the worker that forked it (worker_pid and index; nil for the
+    # mold that booted the app)
+    def adopt_mold(ready)
       pid = ready.pid
-      from = ready.worker_pid
-      return adopt_booted(pid, ready.socket) if pid == @booting
+      booting = @children.booting_mold
+      return adopt_booted(booting, ready.socket) if booting&.pid == pid
 
-      stop_mold("generation #{@generation + 1} has a mold") if @mold
-      replaced = @replacing && @mold.nil?
-      @generation += 1 unless replaced
-      @mold = MoldProcess.new(pid, ready.socket, @generation, false)
-      @promoting = nil
-      @replacing = false
-      @replace_failures = 0
-      @leaving = from if from && children[from] # until it is reaped
-      @logger.info("refork: mold of generation #{@generation} is pid #{pid}" \
+      stop_mold("generation #{generation + 1} has a mold") if mold
+      replaced = @policy.adopted(booted: false)
+      @children.add_mold(Children::MoldChild.new(pid, ready.socket, generation, false, :serving))
+      from = ready.worker_pid
+      @children.leaving(from) if from # until it is reaped
+      @logger.info("refork: mold of generation #{generation} is pid #{pid}" \
                    "#{" (forked by worker #{ready.index}, pid #{from}, which exits)" if from}" \
                    "#{'; it replaces the mold that is gone' if replaced}")
     end
 
     # The mold that booted the app: the generation stays (its workers are the generation's first).
-    def adopt_booted(pid, socket)
-      @mold = MoldProcess.new(pid, socket, @generation, true)
-      @booting = nil
-      @adopted = true
-      @boot_failures = 0
-      @replace_failures = 0
-      @logger.info("refork: mold of generation #{@generation} is pid #{pid} (it booted the app)")
+    def adopt_booted(mold, socket)
+      mold.socket = socket
+      mold.generation = generation
+      mold.state = :serving
+      @policy.adopted(booted: true)
+      @logger.info("refork: mold of generation #{generation} is pid #{mold.pid} (it booted the app)")
     end
 
-    # The mold's answers (Messages), without waiting: Spawned (the worker joins the children at the
-    # next #listen), SpawnFailed, or its socket closed: a mold that fails is killed, and so is one
-    # whose answer cannot be read.
+    # The mold's answers (Messages), without waiting: Spawned (the worker joins the children),
+    # SpawnFailed, or its socket closed: a mold that fails is killed, and so is one whose answer
+    # cannot be read.
     def read_answers
-      return if @mold.nil? || @asks.empty?
+      return if (mold = self.mold).nil? || @asks.empty?
 
       loop do
-        case (answer = Messages.receive_nonblock(@mold.socket))
+        case (answer = Messages.receive_nonblock(mold.socket))
         when :wait_readable then return
         when nil then return mold_failed(@asks.keys.first, "the mold closed its socket")
         when Messages::SpawnFailed then return mold_failed(answer.index, answer.why)
         when Messages::Spawned
           next unless (ask = @asks.delete(answer.index)) # (no such ask: nothing to do)
 
-          @arrived[answer.pid] = Children::Child.new(answer.index, answer.pid, ask.control, now, false,
-                                                     @mold.generation, :mold)
+          @children.add(Children::Child.new(answer.index, answer.pid, ask.control, now, false, mold.generation, :mold))
         else return mold_failed(@asks.keys.first, "not an answer: #{answer.inspect}")
         end
       end
@@ -414,28 +336,32 @@ module Blackbuck
     # The mold could not fork the worker of slot index: it is killed and forgotten, with every fork
     # still asked of it (the loop asks again: the master forks, or a new mold is made).
     def mold_failed(index, why)
-      @logger.warn("refork: the mold (pid #{@mold.pid}) could not fork worker #{index} (#{why}); " \
-                   "#{@lean ? 'a new mold takes its place' : 'forking it from the master'}")
-      kill_mold
+      mold = self.mold
+      @logger.warn("refork: the mold (pid #{mold.pid}) could not fork worker #{index} (#{why}); " \
+                   "#{lean? ? 'a new mold takes its place' : 'forking it from the master'}")
+      stop(mold, :KILL)
     end
 
-    def kill_mold
-      Process.kill(:KILL, @mold.pid)
-      @stopped_molds << @mold.pid
+    # Signals the mold and forgets it as the mold: it stays among the children, :stopping, until
+    # it is reaped.
+    def stop(mold, sig)
+      Process.kill(sig, mold.pid)
     rescue Errno::ESRCH
       nil
     ensure
-      forget_mold
+      forget(mold)
+      mold.state = :stopping
     end
 
     # The forks still asked of it are dropped: their control pipes close (a worker it forked whose
     # answer never came sees its master gone, and stops).
-    def forget_mold
-      @mold.socket.close unless @mold.socket.closed?
+    def forget(mold)
+      mold.socket.close unless mold.socket.nil? || mold.socket.closed?
+      return if mold.state == :booting
+
       @asks.each_value { |ask| ask.control.close unless ask.control.closed? }
       @asks.clear
-      @mold = nil
-      @none_to_fork = false
+      @policy.mold_lost
     end
   end
 end

@@ -92,7 +92,7 @@ module Blackbuck
     def stop_mold(why)
       return unless @refork&.on?
 
-      @refork.listen(@children) # the workers it has forked are the children handed on
+      @refork.listen # the workers it has forked are the children handed on
       @refork.stop_mold(why)
     end
 

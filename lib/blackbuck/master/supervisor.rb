@@ -41,7 +41,7 @@ module Blackbuck
       @request_counts = RequestCounts.new(@scoreboard)
       @signals = SignalQueue.new(SIGNALS)
       @children = Children.new(@scoreboard, logger, old_workers)
-      @refork = Refork.new(config[:refork_after], scoreboard: @scoreboard, logger: logger)
+      @refork = Refork.new(config[:refork_after], children: @children, scoreboard: @scoreboard, logger: logger)
       # no mold can be made here: the master holds the app after all
       source.load_in_master(logger) if source.mold_boots? && !@refork.on?
       @source = source
@@ -109,7 +109,7 @@ module Blackbuck
         reap
         @timeouts.check(@children)
         # (first: a mold that has just announced itself forks the missing workers in this turn)
-        @refork.turn(@children, @wanted, quiet: @stopping || @drain_until || @children.handing_over? || @reload.pending?)
+        @refork.turn(@wanted, quiet: @stopping || @drain_until || @children.handing_over? || @reload.pending?)
         why = @refork.take_boot_failure
         cannot_boot(why) if why
         spawn_missing
@@ -261,13 +261,14 @@ module Blackbuck
     # boot, maybe the end of the master: Respawn), its hook called.
     def reap
       reasons = {} # pid => why, of a child the refork says only then was a worker (Refork#reaped)
-      others = lambda do |pid, status|
+      others = lambda do |pid, status, mold|
         next if @jobs&.reaped(pid, status)
 
-        @refork.reaped(pid, status, reasons[pid] = @forker.crash_reason(pid))
+        @refork.reaped(pid, status, mold, reasons[pid] = @forker.crash_reason(pid))
       end
       @children.reap(others: others) do |child, status|
         @request_counts.worker_exited(child.index, child.pid) # before spawn_missing lets a new worker reset the slot
+        @refork.worker_exited(child)
         @exits.exited(child, status, timed_out: @timeouts.noticed?(child.pid)) unless @stopping # (the slot too)
         why = reasons.delete(child.pid) || @forker.crash_reason(child.pid)
         if @respawn.exited(child, status, started: @children.started?(child), stopping: @stopping,
@@ -284,7 +285,7 @@ module Blackbuck
     def reload
       @reload.hup(@status) do |wait|
         announce_watchdog
-        @refork.listen(@children)
+        @refork.listen
         sleep_until_woken(wait)
       end
     end
@@ -297,7 +298,7 @@ module Blackbuck
     def shutdown
       @listeners.each(&:close)
       @notify&.stopping("stopping gracefully (up to #{@config[:graceful_timeout]}s)")
-      @refork.listen(@children) # the workers the mold has forked stop with the others
+      @refork.listen # the workers the mold has forked stop with the others
       @refork.stop_mold("the server stops")
       @jobs&.stop("the server stops")
       @children.tell_all
