@@ -190,11 +190,20 @@ module RubyGraph
       @methods = []
       @references = []
       @requires = []
-      tree = Ripper.sexp(text) or raise ArgumentError, "#{path}: Ripper cannot parse it"
+      tree = quietly { Ripper.sexp(text, path) } or raise ArgumentError, "#{path}: Ripper cannot parse it"
       walk(tree, [], false)
     end
 
     private
+
+    # (Ruby's own warnings about a file are for loading it, not for reading its arrows.)
+    def quietly
+      verbose = $VERBOSE
+      $VERBOSE = nil
+      yield
+    ensure
+      $VERBOSE = verbose
+    end
 
     # scopes: the enclosing module/class full names; in_module: directly in a module's body, where
     # a plain `def` may be a module function (`module_function`).
