@@ -33,15 +33,3 @@ require_relative "blackbuck/master/reexec"
 require_relative "blackbuck/rebind"
 require_relative "blackbuck/master/supervisor"
 require_relative "blackbuck/server"
-
-module Blackbuck
-  # The value of env["rack.version"]: Rack 2's Lint wants an Array (its Rack::VERSION, the
-  # protocol version [1, 3]); Rack 3 no longer asks for it (3.1 has no Rack::VERSION at all,
-  # 3.2 a String): its release's major and minor.
-  def self.rack_version
-    require "rack"
-    return Rack::VERSION if defined?(Rack::VERSION) && Rack::VERSION.is_a?(Array)
-
-    Rack.release.split(".").first(2).map(&:to_i)
-  end
-end

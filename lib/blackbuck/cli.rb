@@ -8,6 +8,7 @@ require_relative "logger"
 require_relative "config"
 require_relative "allocator"
 require_relative "app_source"
+require_relative "option_errors"
 
 module Blackbuck
   # `blackbuck [options] [RACKUP_FILE]`: options -> Config (file first, then the command
@@ -73,32 +74,13 @@ module Blackbuck
       Reexec.ruby_options = Reexec.jit_options(cmdline[1...(cmdline.size - argv.size - 1)])
       Server.run(config, source)
     rescue OptionParser::ParseError => e
-      @err.puts "blackbuck: #{CLI.parse_error(e, parser)} (see blackbuck --help)"
+      @err.puts "blackbuck: #{OptionErrors.line(e, parser)} (see blackbuck --help)"
       2
     rescue ConfigError, LoadError => e
       say_error(@stats_origin && e.respond_to?(:with_origin) ? e.with_origin(@stats_origin) : e)
       1
     rescue Interrupt
       1
-    end
-
-    # One line for what OptionParser refused: a misspelt long option gets the nearest one
-    # ("invalid option: --wokers (did you mean --workers?)"), in place of OptionParser's own
-    # suggestion on a second line without its dashes.
-    def self.parse_error(err, parser)
-      first = err.message.lines.first.chomp
-      return first unless err.is_a?(OptionParser::InvalidOption) && parser
-
-      name = err.args.first.to_s[/\A--([^=]+)/, 1]
-      near = name && spell_checker(parser.top.long.keys)&.correct(name)&.first
-      near ? "#{first} (did you mean --#{near}?)" : first
-    end
-
-    def self.spell_checker(words)
-      require "did_you_mean"
-      DidYouMean::SpellChecker.new(dictionary: words)
-    rescue LoadError # Ruby run with --disable-did_you_mean
-      nil
     end
 
     private

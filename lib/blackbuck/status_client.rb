@@ -4,7 +4,7 @@ require "json"
 require "optparse"
 require "socket"
 require_relative "errors"
-require_relative "cli"
+require_relative "option_errors"
 require_relative "listeners"
 
 module Blackbuck
@@ -50,7 +50,7 @@ module Blackbuck
       @json ? @out.puts(body) : @out.print(table(snapshot))
       0
     rescue OptionParser::ParseError => e
-      @err.puts "blackbuck status: #{CLI.parse_error(e, parser)} (see blackbuck status --help)"
+      @err.puts "blackbuck status: #{OptionErrors.line(e, parser)} (see blackbuck status --help)"
       2
     rescue UsageError => e
       @err.puts "blackbuck status: #{e.message}"

@@ -4,6 +4,7 @@ require "etc"
 require "stringio"
 require "socket"
 require_relative "errors"
+require_relative "version" # Blackbuck.rack_version
 
 module Blackbuck
   # What the master does with the loaded app before it forks the first worker, so every worker

@@ -44,7 +44,7 @@ module Blackbuck
     # A body arriving slower than min_body_rate (averaged, after a grace period) ties up memory
     # and a connection slot for nothing: the worker answers it 408.
     def too_slow?(conn, t)
-      return false unless @min_body_rate.positive? && conn.state == Worker::BODY
+      return false unless @min_body_rate.positive? && conn.state == Native::Conn::BODY
 
       return false unless (body = @bodies[conn])
 
@@ -54,7 +54,7 @@ module Blackbuck
 
     # Makes as much progress as the buffered bytes allow and answers what they make: an env, a
     # status to reject with, or one of HEAD, BODY, PROXY_PART, PROXY, DROP. body: the connection is
-    # reading a body (Worker::BODY).
+    # reading a body (Native::Conn::BODY).
     def advance(conn, body)
       return read_body(conn) if body
 
