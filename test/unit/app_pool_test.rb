@@ -12,8 +12,6 @@ class AppPoolTest < Minitest::Test
   Response = Blackbuck::Response
   WAIT = 10 # seconds a test waits for an app thread
 
-  Worker = Struct.new(:logger)
-
   # Response#handle's stand-in: the app gets the env and answers the mode.
   class FakeResponse
     def initialize(_config, app, _logger, _hand_over) = @app = app
@@ -22,8 +20,7 @@ class AppPoolTest < Minitest::Test
   end
 
   def pool(size, app)
-    @pool = AppPool.new(Worker.new(Blackbuck::Logger.new(File.open(File::NULL, "w"))), {}, app, size,
-                        response: FakeResponse)
+    @pool = AppPool.new(Blackbuck::Logger.new(File.open(File::NULL, "w")), {}, app, size, response: FakeResponse)
   end
 
   def teardown

@@ -3,8 +3,10 @@
 require "minitest/autorun"
 require "blackbuck"
 require "timeout"
+require_relative "../support/worker_rooms"
 
-# The two app runners without a server, with stand-in connections, apps, scoreboard and worker:
+# The two app runners without a server, with stand-in connections, apps and scoreboard, and the loop
+# as a runner sees it (AppRunner::Port, nothing else):
 # AppRunner::Inline runs the app on the caller's thread between the gate's request_start and
 # request_done; AppRunner::Threads hands requests to its AppPool and gives them back through
 # #finished, keeping its busy count and the scoreboard's free threads in step.
@@ -34,24 +36,22 @@ class AppRunnerTest < Minitest::Test
     def frees = @calls.select { |c| c[0] == :free }.map(&:last)
   end
 
-  # What the runners ask of their worker.
-  class FakeWorker
-    attr_accessor :woke_at
-    attr_reader :stopped_accepting, :unwatched, :saturations, :logger
+  # The loop behind the runners' Port: what each member was told. (A Struct: a call to anything that
+  # is not a member raises.)
+  class FakeLoop
+    attr_reader :stopped_accepting, :saturations
 
     def initialize
-      @unwatched = []
       @stopped_accepting = 0
       @saturations = 0
-      @woke_at = 1.0
-      @logger = Blackbuck::Logger.new(File.open(File::NULL, "w"))
     end
 
-    def stop_accepting_in_app = @stopped_accepting += 1
-
-    def unwatch(conn) = @unwatched << conn
-    def on_saturated = @saturations += 1
+    def port = Blackbuck::AppRunner::Port.new(stop_accepting: -> { @stopped_accepting += 1 },
+                                              saturated: -> { @saturations += 1 })
   end
+
+  LOGGER = Blackbuck::Logger.new(File.open(File::NULL, "w"))
+  WOKE = 1.0 # when the loop woke (Connections hands it to #run)
 
   # The one Request: a spilled body's tempfile the runner closes (Inline) or hands on (Threads).
   class FakeRequest
@@ -76,20 +76,20 @@ class AppRunnerTest < Minitest::Test
   end
 
   def inline(response_answer)
-    @worker = FakeWorker.new
+    @loop = FakeLoop.new
     @gate = FakeGate.new
     @request = FakeRequest.new
     response = Object.new
     response.define_singleton_method(:handle) { |conn, env| response_answer.call(conn, env) }
     response.define_singleton_method(:timeout_notice) { |limit| Blackbuck::RequestTimeout.new("past #{limit}s") }
-    Blackbuck::AppRunner::Inline.new(@worker, @request, response, @gate, 3)
+    Blackbuck::AppRunner::Inline.new(@loop.port, @request, response, @gate, 3)
   end
 
   def test_inline_runs_the_app_between_request_start_and_request_done
     seen = nil
     runner = inline(->(_c, env) { seen = [runner.in_app?, env]; Response::DONE })
     conn = FakeConn.new(7, 0)
-    assert_equal Response::DONE, runner.run(conn, { "x" => 1 }, 0.25)
+    assert_equal Response::DONE, runner.run(conn, { "x" => 1 }, 0.25, WOKE)
     assert_equal [true, { "x" => 1 }], seen
     refute runner.in_app?
     assert_equal [[:start, 3, conn, 0.25], [:done, 3, Native::Scoreboard::IDLE]], @gate.calls
@@ -104,7 +104,7 @@ class AppRunnerTest < Minitest::Test
     @gate.moved = [11, 12]
     balancer = Struct.new(:released) { def release_moved(fds) = released.concat(fds) }.new([])
     runner.handoff(@gate, balancer) # the hand-off watcher is the gate now
-    assert_raises(IOError) { runner.run(FakeConn.new(7, 0), {}, 0.0) }
+    assert_raises(IOError) { runner.run(FakeConn.new(7, 0), {}, 0.0, WOKE) }
     refute runner.in_app?
     assert spill.closed
     assert_equal [11, 12], balancer.released # the watcher moved these while the app ran
@@ -118,11 +118,11 @@ class AppRunnerTest < Minitest::Test
     })
     runner.stopping!
     refute runner.stop_accepting_asked # the app does not run: remembered for its start
-    assert_equal Response::CLOSE, runner.run(FakeConn.new(7, 0), {}, 0.0)
-    assert_equal 1, @worker.stopped_accepting
+    assert_equal Response::CLOSE, runner.run(FakeConn.new(7, 0), {}, 0.0, WOKE)
+    assert_equal 1, @loop.stopped_accepting
     assert asked_in_app # while the app runs the trap acts itself
-    runner.run(FakeConn.new(7, 0), {}, 0.0)
-    assert_equal 1, @worker.stopped_accepting # once
+    runner.run(FakeConn.new(7, 0), {}, 0.0, WOKE)
+    assert_equal 1, @loop.stopped_accepting # once
     assert_equal [:done, 3, Native::Scoreboard::STOPPING], @gate.calls.last
   end
 
@@ -130,15 +130,15 @@ class AppRunnerTest < Minitest::Test
     runner = inline(->(_c, _e) { runner.time_out(30) })
     runner.time_out(30) # not in the app: nothing
     # in the app: raised there (a Response answers 503 and RETIRE_*; past its rescues, the runner drops the connection)
-    assert_equal Response::RETIRE_DROP, runner.run(FakeConn.new(7, 0), {}, 0.0)
+    assert_equal Response::RETIRE_DROP, runner.run(FakeConn.new(7, 0), {}, 0.0, WOKE)
   end
 
   def threads(size, app)
-    @worker = FakeWorker.new
+    @loop = FakeLoop.new
     @gate = FakeGate.new
     @request = FakeRequest.new
     @poller = Native::Poller.new(8)
-    runner = Blackbuck::AppRunner::Threads.new(@worker, @worker, { threads: size }, app, @request, @gate, 2,
+    runner = Blackbuck::AppRunner::Threads.new(@loop.port, { threads: size }, app, @request, @gate, 2, LOGGER,
                                                response: FakeResponse)
     runner.start(@poller)
     @runners = (@runners || []) << runner
@@ -165,8 +165,8 @@ class AppRunnerTest < Minitest::Test
     runner = threads(2, ->(_conn, env) { env[:mode] })
     conn = FakeConn.new(9, 1)
     @request.spilled = spill = Spill.new(false)
-    assert_nil runner.run(conn, { mode: Response::WRITTEN }, 0.5) # later, through #finished
-    assert_empty @worker.unwatched # it stays in the poller (Connections#on_event takes it out if it stirs)
+    assert_nil runner.run(conn, { mode: Response::WRITTEN }, 0.5, WOKE) # later, through #finished
+    assert_equal 1, conn.watched # it stays in the poller as it was (Connections#on_event takes it out if it stirs)
     assert_equal [[conn, 9, Response::WRITTEN]], finished(runner, 1)
     assert spill.closed
     assert_equal 0, runner.busy
@@ -181,12 +181,12 @@ class AppRunnerTest < Minitest::Test
       gate.pop
       Response::DONE
     })
-    runner.run(FakeConn.new(1, 1), {}, 0.0)
+    runner.run(FakeConn.new(1, 1), {}, 0.0, WOKE)
     refute runner.saturated?
-    assert_equal 0, @worker.saturations
-    runner.run(FakeConn.new(2, 1), {}, 0.0)
+    assert_equal 0, @loop.saturations
+    runner.run(FakeConn.new(2, 1), {}, 0.0, WOKE)
     assert runner.saturated?
-    assert_equal 1, @worker.saturations # the worker stops taking work
+    assert_equal 1, @loop.saturations # the worker stops taking work
     assert_equal 2, runner.busy
     2.times { gate << :go }
     assert_equal [1, 2], finished(runner, 2).map { |c, _, _| c.fd }.sort
@@ -205,8 +205,9 @@ class AppRunnerTest < Minitest::Test
     a = FakeConn.new(1, 1)
     b = FakeConn.new(2, 1)
     c = FakeConn.new(3, 1)
-    [a, b, c].each { |conn| runner.run(conn, {}, 0.0) }
+    [a, b, c].each { |conn| runner.run(conn, {}, 0.0, WOKE) }
     Timeout.timeout(WAIT) { 2.times { started.pop } } # both threads have theirs
+    assert_equal WOKE, runner.oldest_waiting # c waits as of when the loop woke
     offered = []
     runner.take_back do |conn|
       offered << conn
@@ -228,12 +229,29 @@ class AppRunnerTest < Minitest::Test
     })
     runner.stopping!
     assert_equal 0, @gate.frees.last
-    runner.run(FakeConn.new(1, 1), {}, 0.0)
+    runner.run(FakeConn.new(1, 1), {}, 0.0, WOKE)
     started.pop
     assert runner.time_out(0), "a notice was sent: the worker retires at once"
     _, _, mode = finished(runner, 1).first
     assert_equal Response::RETIRE_DROP, mode
     runner.tick
     assert_equal [:running, 2, Native::Scoreboard::STOPPING, nil, nil], @gate.calls.last
+  end
+
+  # A runner reaches the loop only through the Port: stop_accepting (Inline) and saturated (Threads)
+  # (a call to anything else on a fake port raises: it is the Port Struct), and the runner a real
+  # Worker builds holds no way to the Worker itself (nor does anything it holds, but the port's
+  # callables).
+  def test_the_loop_is_reached_only_through_the_port
+    assert_equal %i[stop_accepting saturated], Blackbuck::AppRunner::Port.members
+    assert_raises(NoMethodError) { FakeLoop.new.port.woke_at }
+    { 1 => Blackbuck::AppRunner::Inline, 2 => Blackbuck::AppRunner::Threads }.each do |threads, kind|
+      worker, pair = WorkerRooms.build(threads: threads)
+      runner = WorkerRooms.room(worker, :@runner)
+      assert_kind_of kind, runner
+      refute WorkerRooms.reaches?(runner, worker), "#{kind} holds a way to its Worker"
+    ensure
+      pair&.each(&:close)
+    end
   end
 end

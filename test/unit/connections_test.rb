@@ -2,10 +2,12 @@
 
 require "minitest/autorun"
 require "blackbuck"
+require_relative "../support/worker_rooms"
 
 # The connection state machine (Connections) without sockets or a server: stand-in connections
-# whose reads, parses and writes the test scripts, a stand-in Request, runner, poller and worker.
-# Each test follows one connection through its states (docs/ARCHITECTURE.md's table).
+# whose reads, parses and writes the test scripts, a stand-in Request, runner and poller, and the
+# loop as Connections sees it: its Port, nothing else. Each test follows one connection through its
+# states (docs/ARCHITECTURE.md's table).
 class ConnectionsTest < Minitest::Test
   C = Blackbuck::Connections
   Request = Blackbuck::Request
@@ -126,10 +128,13 @@ class ConnectionsTest < Minitest::Test
       @done = []
     end
 
-    def run(conn, env, _queued)
+    def run(conn, env, _queued, woke_at)
       @ran << [conn.fd, env]
+      @woke_at = woke_at
       @mode
     end
+
+    attr_reader :woke_at
 
     def finished
       @done.each { |job| yield(*job) }
@@ -138,7 +143,9 @@ class ConnectionsTest < Minitest::Test
     end
   end
 
-  class FakeWorker
+  # The loop behind Connections' Port: what each member was told. (A Struct: a call to anything
+  # that is not a member raises.)
+  class FakeLoop
     attr_reader :served, :stops, :resumed
 
     def initialize
@@ -147,11 +154,13 @@ class ConnectionsTest < Minitest::Test
       @resumed = 0
     end
 
-    def counted = @served += 1
-    def begin_graceful_stop(why, _reason = nil) = @stops << why
-    def resume_accepting = @resumed += 1
-    def last_request(limit) = @stops << "limit #{limit}"
-    def replace(why) = @stops << "replace: #{why}"
+    # hooks: whether the loop has per-request hooks (after_request; nil without).
+    def port(hooks: true)
+      C::Port.new(after_request: hooks ? ->(served) { @served = served } : nil,
+                  last_request: ->(limit) { @stops << "limit #{limit}" },
+                  replace: ->(why) { @stops << "replace: #{why}" },
+                  resume_accepting: -> { @resumed += 1 })
+    end
   end
 
   # Balancer's stand-in: a retiring worker moves what becomes idle (#move_idle_later).
@@ -172,13 +181,13 @@ class ConnectionsTest < Minitest::Test
     end
   end
 
-  def setup(rewatch: false, requests_limit: 0)
-    @worker = FakeWorker.new
+  def setup(rewatch: false, requests_limit: 0, hooks: true)
+    @loop = FakeLoop.new
     @request = FakeRequest.new
     @runner = FakeRunner.new
     @poller = FakePoller.new
     @balancer = FakeBalancer.new
-    @c = C.new(@worker, CONFIG, @request, nil, 0, rewatch: rewatch, requests_limit: requests_limit)
+    @c = C.new(@loop.port(hooks: hooks), CONFIG, @request, nil, 0, rewatch: rewatch, requests_limit: requests_limit)
     @c.start(@poller, @runner, @balancer)
   end
 
@@ -190,7 +199,9 @@ class ConnectionsTest < Minitest::Test
     @c.take(conn, 10, 42.0)
     assert_equal [[5, env]], @runner.ran
     assert_equal 42.0, conn.filled_at # the loop's wake-up time: the start of queue time
-    assert_equal 1, @worker.served
+    assert_equal 42.0, @runner.woke_at # ... and of the wait in the app threads' queue
+    assert_equal 1, @c.served
+    assert_equal 1, @loop.served # the loop's per-request hooks were told
     assert_equal C::IDLE, conn.state
     assert_equal 5, conn.keepalive_seconds
     assert_equal [[:add, 5, IN]], @poller.calls # waits for its next request
@@ -243,7 +254,7 @@ class ConnectionsTest < Minitest::Test
     @c.take(conn, 10, 42.0)
     assert conn.closed
     assert_equal 0, @c.size
-    assert_equal 1, @worker.resumed
+    assert_equal 1, @loop.resumed
   end
 
   def test_a_response_the_client_has_not_taken_waits_then_keep_alive_goes_on
@@ -267,7 +278,7 @@ class ConnectionsTest < Minitest::Test
     @request.script(conn, env)
     @runner.mode = Response::RETIRE_CLOSE
     @c.take(conn, 10, 42.0)
-    assert_equal ["replace: its request timed out or left the process unsafe (logged above)"], @worker.stops
+    assert_equal ["replace: its request timed out or left the process unsafe (logged above)"], @loop.stops
     assert_equal C::LINGER, conn.state
   end
 
@@ -277,7 +288,7 @@ class ConnectionsTest < Minitest::Test
     @request.script(conn, env)
     @runner.mode = Response::RETIRE_WRITTEN
     @c.take(conn, 10, 42.0)
-    assert_equal 1, @worker.stops.size
+    assert_equal 1, @loop.stops.size
     assert_equal C::IDLE, conn.state # answered: kept as a finished response is (with "Connection: close" from now on)
   end
 
@@ -288,8 +299,9 @@ class ConnectionsTest < Minitest::Test
     @c.take(conn, 10, 42.0)
     assert_equal C::PIPELINE_BATCH, @runner.ran.size
     assert_equal [conn], @c.ready
-    @c.serve_ready
+    @c.serve_ready(43.0)
     assert_equal C::PIPELINE_BATCH + 3, @runner.ran.size
+    assert_equal 43.0, @runner.woke_at
   end
 
   def test_the_app_threads_give_the_connection_back_later
@@ -299,11 +311,12 @@ class ConnectionsTest < Minitest::Test
     @runner.mode = nil
     @c.take(conn, 10, 42.0)
     assert_equal C::BUSY, conn.state
-    assert_equal 0, @worker.served
+    assert_equal 0, @c.served
     assert_empty @poller.calls # not watched: the threads have it
     @runner.done = [[conn, 5, Response::DONE]]
-    @c.finished
-    assert_equal 1, @worker.served
+    @c.finished(43.0)
+    assert_equal 1, @c.served
+    assert_equal 1, @loop.served
     assert_equal C::IDLE, conn.state
     assert_equal [[:add, 5, IN]], @poller.calls
   end
@@ -322,7 +335,7 @@ class ConnectionsTest < Minitest::Test
     @c.on_event(conn, IN, 43.0)
     assert_equal C::BUSY, conn.state
     @runner.done = [[conn, 5, Response::DONE]]
-    @c.finished
+    @c.finished(43.5)
     assert_equal C::IDLE, conn.state
     assert_equal [[:add, 5, IN]], @poller.calls # none while it ran, none after
 
@@ -332,7 +345,7 @@ class ConnectionsTest < Minitest::Test
     assert_equal [:delete, 5], @poller.calls.last
     assert_equal [1], conn.reads # not read while the app has its request
     @runner.done = [[conn, 5, Response::DONE]]
-    @c.finished
+    @c.finished(45.0)
     assert_equal [:add, 5, IN], @poller.calls.last # watched again once the app is done
   end
 
@@ -407,7 +420,35 @@ class ConnectionsTest < Minitest::Test
     conn.next_buffered = 30
     @request.script(conn, env, env)
     @c.take(conn, 10, 42.0)
-    assert_equal ["limit 2"], @worker.stops
+    assert_equal ["limit 2"], @loop.stops
     assert_equal 2, @runner.ran.size
+  end
+
+  # Without per-request hooks (no oob_gc, no max_memory_per_child: the default) the port has no
+  # after_request, and a request costs no call back into the loop: Connections counts it.
+  def test_without_hooks_a_request_is_counted_here_and_the_loop_is_not_called
+    setup(hooks: false)
+    conn = FakeConn.new(5)
+    conn.next_buffered = 30
+    @request.script(conn, env, env)
+    @c.take(conn, 10, 42.0)
+    assert_equal 2, @c.served
+    assert_equal 0, @loop.served
+  end
+
+  # Connections reaches the loop only through its Port: these four callables (a call to anything
+  # else on a fake port raises: it is the Port Struct), and the Connections a real Worker builds
+  # holds no way to the Worker itself (nor does anything it holds, but the port's callables).
+  def test_the_loop_is_reached_only_through_the_port
+    assert_equal %i[after_request last_request replace resume_accepting], C::Port.members
+    assert_raises(NoMethodError) { @loop.port.counted }
+    [[1, true], [2, true], [2, false]].each do |threads, handoff|
+      worker, pair = WorkerRooms.build(threads: threads, handoff: handoff)
+      conns = WorkerRooms.room(worker, :@connections)
+      assert_kind_of C, conns
+      refute WorkerRooms.reaches?(conns, worker), "Connections (threads #{threads}) holds a way to its Worker"
+    ensure
+      pair&.each(&:close)
+    end
   end
 end

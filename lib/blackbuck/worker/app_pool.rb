@@ -21,10 +21,11 @@ module Blackbuck
     # Response#handle answered.
     Job = Struct.new(:conn, :fd, :env, :queued, :input, :pushed_at, :started, :finished, :mode)
 
-    # response: what each thread answers with (Response; a stand-in in unit tests). hand_over: called
-    # with a connection the app hijacks, before the app gets its socket (the loop stops watching it).
-    def initialize(worker, config, app, size, response: Response, hand_over: nil)
-      @worker = worker
+    # logger: the threads' (and their Responses'). response: what each thread answers with (Response;
+    # a stand-in in unit tests). hand_over: called with a connection the app hijacks, before the app
+    # gets its socket (the loop stops watching it).
+    def initialize(logger, config, app, size, response: Response, hand_over: nil)
+      @logger = logger
       @waiting = [] # jobs no thread has started, oldest first; under @lock
       @lock = Thread::Mutex.new
       @ready = Thread::ConditionVariable.new
@@ -34,7 +35,7 @@ module Blackbuck
       @wake_sent = false # a byte is on the pipe that the loop has not read yet: no need for another
       @running = Array.new(size) # the job each thread runs, or nil
       @typical = 0.0 # seconds a request runs, a moving average (#room?)
-      @responders = Array.new(size) { response.new(config, app, worker.logger, hand_over) }
+      @responders = Array.new(size) { response.new(config, app, logger, hand_over) }
       @threads = Array.new(size) { |i| Thread.new { work(i, @responders[i]) } }
     end
 
@@ -155,7 +156,7 @@ module Blackbuck
           rescue RequestTimeout # raised in handle's own error path: the answer is cut short
             job.mode = Response::RETIRE_DROP
           rescue Exception => e # rubocop:disable Lint/RescueException -- the loop must get its connection back
-            @worker.logger.exception("app thread", e)
+            @logger.exception("app thread", e)
             job.mode = Response::DROP
           end
           @running[index] = nil

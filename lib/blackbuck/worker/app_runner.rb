@@ -12,7 +12,8 @@ module Blackbuck
   #
   #   start(poller)             once the poller exists (Threads: its threads and wake-up pipe)
   #   wake_fd                   the fd whose readiness means #finished has jobs (nil: never)
-  #   run(conn, env, queued)    the app's answer (a Response mode) now, or nil: later, from #finished
+  #   run(conn, env, queued, woke_at)  the app's answer (a Response mode) now, or nil: later, from
+  #                             #finished (woke_at: when the loop woke, where a queued request's wait starts)
   #   finished { |conn, fd, mode| }  the requests the app threads are done with; saturated? after
   #   busy, size, saturated?    requests in the runner / app threads / every thread has one
   #   room?(now), oldest_waiting, typical, take_back   the queue, for Balancer
@@ -22,13 +23,24 @@ module Blackbuck
   #                             the loop should begin to retire the worker now (Threads: the other
   #                             threads' requests and the idle connections must not wait for the KILL)
   #   stopping!, tick, stop     the worker stops / a tick / the worker exits
+  #
+  # Either reaches the loop only through the Port (built once by Worker), never the Worker itself;
+  # each uses one member:
+  #
+  #   stop_accepting.()   Inline: the stop-accepting signal came just before the app starts
+  #                       (Worker#stop_accepting_in_app)
+  #   saturated.()        Threads: every app thread has a request now (the loop stops taking work)
   module AppRunner
+    # What a runner asks of the loop (the module comment); each member a callable.
+    Port = Struct.new(:stop_accepting, :saturated, keyword_init: true)
+
     # threads 1: the app runs on the loop's own thread. The scoreboard's request_start/request_done
     # go through the gate: the scoreboard, or the hand-off watcher when there is one (#handoff), which
     # may move this worker's waiting connections while the app runs; the Balancer releases them.
     class Inline
-      def initialize(worker, request, response, scoreboard, index)
-        @worker = worker
+      # port: a Port (stop_accepting).
+      def initialize(port, request, response, scoreboard, index)
+        @stop_accepting = port.stop_accepting
         @request = request
         @response = response
         @gate = scoreboard
@@ -62,12 +74,12 @@ module Blackbuck
       end
 
       # Runs the app and answers how it went (Response#handle's mode).
-      def run(conn, env, queued)
+      def run(conn, env, queued, _woke_at)
         @gate.request_start(@index, conn, queued)
         @in_app = true
         if @stop_accepting_asked # the signal came just before: nothing read the pipe yet
           @stop_accepting_asked = false
-          @worker.stop_accepting_in_app
+          @stop_accepting.call
         end
         begin
           @response.handle(conn, env)
@@ -105,11 +117,11 @@ module Blackbuck
     class Threads
       attr_reader :busy, :size
 
-      # response: what the app threads answer with (Response; a stand-in in unit tests).
-      # worker: the loop (woke_at, on_saturated, logger); conns: its Connections (unwatch).
-      def initialize(worker, conns, config, app, request, scoreboard, index, response: Response)
-        @worker = worker
-        @conns = conns
+      # port: a Port (saturated). response: what the app threads answer with (Response; a stand-in in
+      # unit tests). logger: the app threads' (an exception that escapes a Response).
+      def initialize(port, config, app, request, scoreboard, index, logger, response: Response)
+        @on_saturated = port.saturated # (the callable; #saturated? is the count)
+        @logger = logger
         @response = response
         @config = config
         @app = app
@@ -125,7 +137,7 @@ module Blackbuck
         # A connection stays in the loop's poller while an app thread has its request; one the app
         # hijacks leaves it before the app gets the socket (Poller#unwatch: one C call, so the loop
         # thread, which unwatches a busy connection that becomes readable, never races it).
-        @pool = AppPool.new(@worker, @config, @app, @size, response: @response,
+        @pool = AppPool.new(@logger, @config, @app, @size, response: @response,
                                                            hand_over: ->(conn) { poller.unwatch(conn) })
         poller.add(@pool.wake_fd, Native::Poller::IN)
         publish_free
@@ -140,12 +152,12 @@ module Blackbuck
       def stop_accepting_asked = false # the loop is never held by the app: it reads the pipe itself
 
       # Hands the request to the threads; the answer comes back through #finished.
-      def run(conn, env, queued)
+      def run(conn, env, queued, woke_at)
         @busy += 1
-        @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, @request.take_spilled, @worker.woke_at))
+        @pool.push(AppPool::Job.new(conn, conn.fd, env, queued, @request.take_spilled, woke_at))
         publish_free if @busy <= @size
         if @busy >= @size # (saturated?)
-          @worker.on_saturated
+          @on_saturated.call
           publish_running
         end
         nil

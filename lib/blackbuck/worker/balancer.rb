@@ -21,7 +21,21 @@ module Blackbuck
   #   (app threads) a free thread.
   #
   # Every worker takes moved connections off the socket (#adopt) while it has room.
+  #
+  # It reaches the loop only through its Port (built once by Worker), never the Worker itself:
+  #
+  #   pause_accepting.()   out of descriptors altogether (#short_of_descriptors): accept nothing
+  #
+  # Everything else the loop needs to hear comes back as an answer: #adopt_one is true when the
+  # listeners are to be looked at (Worker#accept_stranded), #saturated when the worker is to stop
+  # accepting. And the loop hands it what it reads of the loop as arguments: woke_at (when the loop
+  # woke) with every call that may take, queue or move a request, and whether it is paused (#tick).
+  # Its other collaborators are the Connections (table, [], take, moved_away), the app runner, the
+  # scoreboard and the logger.
   class Balancer
+    # What Balancer asks of the loop (the class comment); each member a callable.
+    Port = Struct.new(:pause_accepting, keyword_init: true)
+
     STRANDED_SECONDS = 1 # seconds a worker short of descriptors for a moved connection (BB_RECEIVE_FD_RESERVE)
                          # leaves it to workers with room; still queued then, no worker with room took it,
                          # and it takes it itself with the smaller reserve (BB_RECEIVE_FD_RESERVE_LAST)
@@ -32,11 +46,10 @@ module Blackbuck
     # The receive end's fd (the loop hands its events to #adopt_one), or nil without hand-off.
     attr_reader :fd, :moved_in
 
-    # worker: the loop (pause_accepting, paused?, accept_stranded, woke_at); conns: its Connections
-    # (table, [], take, moved_away). socket: [send end, receive end] of the generation's hand-off
-    # pair, or nil.
-    def initialize(worker, conns, runner, config, scoreboard, logger, index, socket)
-      @worker = worker
+    # port: what it asks of the loop (a Port); conns: the worker's Connections (table, [], take,
+    # moved_away). socket: [send end, receive end] of the generation's hand-off pair, or nil.
+    def initialize(port, conns, runner, config, scoreboard, logger, index, socket)
+      @pause_accepting = port.pause_accepting
       @conns = conns
       @table = conns.table # fd => Conn (its size, read without a call)
       @stopping = false
@@ -59,9 +72,9 @@ module Blackbuck
       @unseen = true
       # How this worker's waiting requests move, chosen once (the class comment).
       @way = if @socket && runner.size > 1
-               LoopPasses.new(self, worker, conns, runner, config, scoreboard, index, @socket[0].fileno)
+               LoopPasses.new(self, conns, runner, config, scoreboard, index, @socket[0].fileno)
              else
-               LoopKeeps.new(worker, runner, config, scoreboard)
+               LoopKeeps.new(runner, config, scoreboard)
              end
     end
 
@@ -76,15 +89,17 @@ module Blackbuck
       intake(true)
     end
 
+    # The worker exits: its moves are written (#stopping! has run, so nothing is taken in again, as #tick would not).
     def stop
       @way.stop
-      tick
+      report_moves
     end
 
-    def tick
-      @scoreboard.moves(@index, moved_out, @moved_in) if @fd
+    # paused: the worker accepts nothing (Worker#pause_accepting).
+    def tick(paused)
+      report_moves
       # short of descriptors (#short_of_descriptors): look at the hand-off socket again
-      intake(true) if @short_since && !@stopping && !@runner.saturated? && !@worker.paused?
+      intake(true) if @short_since && !@stopping && !@runner.saturated? && !paused
     end
 
     def moved_out = @way.moved_out + @moved_out
@@ -97,13 +112,15 @@ module Blackbuck
 
     # Every app thread has a request: no more from the hand-off socket. With the loop passing requests
     # on, new connections are still accepted (a request on one moves on at once, in arrival order
-    # with the rest); without, they wait in the listen queue for a worker with a free thread.
+    # with the rest); without, they wait in the listen queue for a worker with a free thread: true
+    # then, and the loop stops accepting (Worker#pause_accepting).
     def saturated = @way.saturated
 
     # May this worker take one more connection whose request waits (moved here, or queued for its
     # threads)? Below max_connections, and a thread free or (with hand-off) room in its queue: one
-    # round at most, and only behind threads running a request younger than a typical one.
-    def room? = @table.size < @max_connections && @way.room?
+    # round at most, and only behind threads running a request younger than a typical one (at
+    # woke_at, when the loop woke).
+    def room?(woke_at) = @table.size < @max_connections && @way.room?(woke_at)
 
     # May it accept a new connection? With the loop passing requests on (app threads and hand-off),
     # below max_connections is enough: a request on it that finds no room moves on at once (#pass_on),
@@ -119,17 +136,16 @@ module Blackbuck
       @unseen = true unless on
     end
 
-    # The hand-off socket is readable. A wake-up with no connection (a sibling that could not take
-    # one, or could not accept: #pass_wake) may stand for connections waiting in a listen queue that
-    # woke only that sibling: this worker looks at its listeners.
-    def adopt_one
-      unless room?
+    # The hand-off socket is readable: takes one connection if there is room. A wake-up with no
+    # connection (a sibling that could not take one, or could not accept: #pass_wake) may stand for
+    # connections waiting in a listen queue that woke only that sibling: true then, and the loop
+    # looks at its listeners (Worker#accept_stranded).
+    def adopt_one(woke_at)
+      unless room?(woke_at)
         @unseen = true
-        return nil
+        return false
       end
-      conn = adopt
-      @worker.accept_stranded if conn.nil?
-      conn
+      adopt(woke_at).nil?
     end
 
     # This worker could not accept (EMFILE) the connections a listener woke it for (EPOLLEXCLUSIVE:
@@ -140,12 +156,12 @@ module Blackbuck
 
     # A thread is free again: requests moved to the hand-off socket have waited longest, so they take
     # the room first, as many as fit.
-    def adopt_while_room
+    def adopt_while_room(woke_at)
       return unless @fd && @unseen
 
       @unseen = false
-      until @stopping || !room?
-        return if adopt.nil? # none left (or too few descriptors: #intake(false) marked it unseen again)
+      until @stopping || !room?(woke_at)
+        return if adopt(woke_at).nil? # none left (or too few descriptors: #intake(false) marked it unseen again)
       end
       @unseen = true # more may wait than there was room for
     end
@@ -189,32 +205,32 @@ module Blackbuck
 
     # A stopping worker with no connection left takes what is still on the hand-off socket, one per
     # call, so a connection moved just before the stop is served. True when it took one.
-    def take_left_over = @fd && adopt
+    def take_left_over(woke_at) = @fd && adopt(woke_at)
 
     # Every app thread is busy and a request may wait on this idle connection (the loop thread is about
     # to read it): one already on the hand-off socket waited longer and takes the queue's room first;
     # then, if there is no room, this one moves on. True when it did (the connection is gone here).
-    # moved: it was just taken off the hand-off socket itself.
-    def pass_on(conn, moved) = @way.pass_on(conn, moved)
+    # moved: it was just taken off the hand-off socket itself. woke_at: when the loop woke.
+    def pass_on(conn, moved, woke_at) = @way.pass_on(conn, moved, woke_at)
 
     # LoopPasses#pass_on: a connection waiting on the hand-off socket is taken first, if there is room.
-    def adopt_first
-      adopt if !@stopping && room?
+    def adopt_first(woke_at)
+      adopt(woke_at) if !@stopping && room?(woke_at)
     end
 
     # A new connection (accepted or moved here) whose request would find no room moves on at once.
-    def pass_new(conn) = @way.pass_new(conn)
+    def pass_new(conn, woke_at) = @way.pass_new(conn, woke_at)
 
     # Requests queued here for a thread (#room?) move on, their bytes with them, once the oldest has
     # waited handoff_after and another worker has a free thread, so none waits behind a slow request
     # while a worker is free; or once it has waited twice as long as a request typically runs (the
     # threads it waits for are held by slow ones): then to the hand-off socket, where every worker's
-    # next free thread takes the oldest first.
-    def move_waiting = @way.move_waiting
+    # next free thread takes the oldest first. woke_at: when the loop woke (how long they waited).
+    def move_waiting(woke_at) = @way.move_waiting(woke_at)
 
     # When the loop should look again at requests queued here (#move_waiting): the oldest may move
     # handoff_after after it was queued (then every handoff_after while it still waits). t otherwise.
-    def next_look(t) = @way.next_look(t)
+    def next_look(t, woke_at) = @way.next_look(t, woke_at)
 
     # Connections the watcher moved to the hand-off socket while the app ran: another worker owns
     # them now. Each is unregistered (the socket lives on there, and epoll forgets a socket only
@@ -230,6 +246,10 @@ module Blackbuck
 
     private
 
+    def report_moves
+      @scoreboard.moves(@index, moved_out, @moved_in) if @fd
+    end
+
     # A connection another worker moved here: served like a fresh one, whose request is waiting.
     # One per loop turn, so free workers share the queue. A worker short of descriptors takes none
     # (Conn.receive refuses, #short_of_descriptors): the kernel would drop the socket it has no
@@ -239,12 +259,13 @@ module Blackbuck
     # Every worker may be short at once (all of them within BB_RECEIVE_FD_RESERVE of their limit): a
     # connection still queued STRANDED_SECONDS after this worker first refused it has found no worker
     # with room, and this one takes it with the smaller reserve rather than leave it stranded there.
-    def adopt
+    # woke_at: when the loop woke (a moved connection's request arrived by then).
+    def adopt(woke_at)
       last = false
       conn = begin
         Native::Conn.receive(@fd, @listener_info, @socket[0].fileno)
       rescue Errno::EMFILE, Errno::ENFILE
-        raise unless @short_since && @worker.woke_at - @short_since >= STRANDED_SECONDS
+        raise unless @short_since && woke_at - @short_since >= STRANDED_SECONDS
 
         last = true
         Native::Conn.receive(@fd, @listener_info, @socket[0].fileno, true)
@@ -258,10 +279,10 @@ module Blackbuck
       end
       @moved_in += 1
       # one that served requests is a keep-alive connection (a retiring worker's idle one, #move_idle)
-      @conns.take(conn, conn.requests.positive? ? @keepalive_timeout : @header_timeout, @worker.woke_at, true)
+      @conns.take(conn, conn.requests.positive? ? @keepalive_timeout : @header_timeout, woke_at, true)
       conn
     rescue Errno::EMFILE, Errno::ENFILE, Errno::ECONNABORTED => e
-      short_of_descriptors(e)
+      short_of_descriptors(e, woke_at)
       e.is_a?(Errno::ECONNABORTED) ? false : nil # (false: one was taken off the socket, and lost)
     end
 
@@ -274,15 +295,15 @@ module Blackbuck
     # pauses by itself when there is none). Out of descriptors altogether (ECONNABORTED), it takes no
     # connection of either kind until it has room: Worker#resume_accepting tries every tick and
     # whenever one of its connections closes.
-    def short_of_descriptors(err)
-      @short_since ||= @worker.woke_at
+    def short_of_descriptors(err, woke_at)
+      @short_since ||= woke_at
       aborted = err.is_a?(Errno::ECONNABORTED)
       (@shortage ||= Episode.new(@logger)).hit do
         fate = aborted ? "its client was reset" : "moved connections stay queued for the others"
         "hand-off: #{err.message}: #{fate}; this worker takes moved connections again once it has room, or " \
           "any still queued after #{STRANDED_SECONDS} s (open connections: #{@table.size})"
       end
-      aborted ? @worker.pause_accepting : intake(false)
+      aborted ? @pause_accepting.call : intake(false)
     end
 
     # The two ways a worker's waiting requests move (the class comment), one chosen by #initialize.
@@ -290,18 +311,19 @@ module Blackbuck
     #
     #   start(poller, send_fd, balancer), stop, moved_out   with a hand-off socket / the worker exits /
     #                                                       requests this way moved
-    #   saturated                 every app thread has a request: what stops
-    #   room?, accept?            below max_connections (Balancer checks it), may it take one more
+    #   saturated                 every app thread has a request: what stops (true: accepting)
+    #   room?(woke_at), accept?   below max_connections (Balancer checks it), may it take one more
     #                             connection whose request waits / a new connection?
-    #   pass_on(conn, moved), pass_new(conn), move_queued, move_waiting, next_look(t)
-    #                             the loop's own moves (LoopKeeps: none)
+    #   pass_on(conn, moved, woke_at), pass_new(conn, woke_at), move_queued, move_waiting(woke_at),
+    #   next_look(t, woke_at)     the loop's own moves (LoopKeeps: none)
+    #
+    # Neither reaches the loop: woke_at comes with the calls, and what the loop is to do comes back.
 
     # App threads and a hand-off socket: the loop passes requests on itself (Conn#pass, #pass_request).
     class LoopPasses
-      # balancer: the hand-off socket's receiving side (intake, adopt_first); worker: woke_at.
-      def initialize(balancer, worker, conns, runner, config, scoreboard, index, send_fd)
+      # balancer: the hand-off socket's receiving side (intake, adopt_first); conns: moved_away.
+      def initialize(balancer, conns, runner, config, scoreboard, index, send_fd)
         @balancer = balancer
-        @worker = worker
         @conns = conns
         @runner = runner
         @scoreboard = scoreboard
@@ -322,21 +344,24 @@ module Blackbuck
       def stop = nil
 
       # New connections are still accepted: a request on one that finds no room moves on at once.
-      def saturated = @balancer.intake(false)
+      def saturated
+        @balancer.intake(false)
+        false
+      end
 
       # A thread free or room in the queue: one round at most, and only behind threads running a
       # request younger than a typical one.
-      def room? = !full?
+      def room?(woke_at) = !full?(woke_at)
 
       # Below max_connections is enough (#pass_new).
       def accept? = true
 
-      def pass_on(conn, moved)
-        @balancer.adopt_first unless moved
-        full? && move_out(conn)
+      def pass_on(conn, moved, woke_at)
+        @balancer.adopt_first(woke_at) unless moved
+        full?(woke_at) && move_out(conn)
       end
 
-      def pass_new(conn) = full? && move_out(conn)
+      def pass_new(conn, woke_at) = full?(woke_at) && move_out(conn)
 
       def move_queued
         moved = 0
@@ -351,28 +376,28 @@ module Blackbuck
         moved
       end
 
-      def move_waiting
+      def move_waiting(woke_at)
         return unless @runner.busy > @size # (queued here)
 
         oldest = @runner.oldest_waiting
-        return if oldest.nil? || (waited = @worker.woke_at - oldest) < @handoff_after
+        return if oldest.nil? || (waited = woke_at - oldest) < @handoff_after
         return unless waited >= @handoff_after + @runner.typical * 2 || @scoreboard.free_elsewhere?(@index)
 
         move_queued
       end
 
-      def next_look(t)
+      def next_look(t, woke_at)
         return t unless @runner.busy > @size && (oldest = @runner.oldest_waiting) # (queued here)
 
-        [t, [oldest, @worker.woke_at].max + @handoff_after].min
+        [t, [oldest, woke_at].max + @handoff_after].min
       end
 
       private
 
       # Every thread busy and the queue holds a round already, or only threads held by slow requests.
-      def full?
+      def full?(woke_at)
         busy = @runner.busy
-        busy >= @size + @queue_max || (busy >= @size && !@runner.room?(@worker.woke_at))
+        busy >= @size + @queue_max || (busy >= @size && !@runner.room?(woke_at))
       end
 
       # Every app thread is busy and a request waits on this idle connection: another worker serves
@@ -390,9 +415,7 @@ module Blackbuck
     # Every other worker: the loop moves no request; with one app thread and a hand-off socket, the
     # watcher thread does while the app runs (#start).
     class LoopKeeps
-      # worker: pause_accepting.
-      def initialize(worker, runner, config, scoreboard)
-        @worker = worker
+      def initialize(runner, config, scoreboard)
         @runner = runner
         @handoff_after = config[:handoff_after]
         @scoreboard = scoreboard
@@ -411,18 +434,19 @@ module Blackbuck
       def stop = @watcher&.stop
       def moved_out = @watcher ? @watcher.moved_out : 0
 
-      # New connections wait in the listen queue for a worker with a free thread.
-      def saturated = @worker.pause_accepting
+      # New connections wait in the listen queue for a worker with a free thread: the loop stops
+      # accepting (true).
+      def saturated = true
 
       # A free thread (always, with one app thread: the loop runs only between requests).
-      def room? = !@runner.saturated?
-      def accept? = room?
+      def room?(_woke_at) = !@runner.saturated?
+      def accept? = !@runner.saturated? # (room?)
 
-      def pass_on(_conn, _moved) = false
-      def pass_new(_conn) = false
+      def pass_on(_conn, _moved, _woke_at) = false
+      def pass_new(_conn, _woke_at) = false
       def move_queued = 0
-      def move_waiting = nil
-      def next_look(t) = t
+      def move_waiting(_woke_at) = nil
+      def next_look(t, _woke_at) = t
     end
   end
 end

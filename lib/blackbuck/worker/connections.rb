@@ -9,7 +9,21 @@ module Blackbuck
   # (Worker) hands it what the poller saw (#on_event) and what it accepted (#take); Request and
   # Response answer what happened, the app runner runs the app, the Balancer moves connections
   # between workers; this object decides what becomes of each connection.
+  #
+  # It reaches the loop only through its Port (built once by Worker), never the Worker itself:
+  #
+  #   after_request.(served)  the loop's per-request hooks (out-of-band GC, max_memory_per_child);
+  #                           nil when it has none: then a request costs no call (#served counts here)
+  #   last_request.(limit)    max_requests_per_child is reached: the worker begins to stop (retires)
+  #   replace.(why)           a request left the process unsafe or timed out: a fresh worker replaces it
+  #   resume_accepting.()     a connection closed while the worker accepts nothing: it may resume
+  #
+  # The rest it is handed as collaborators (#start: the poller, the app runner, the Balancer) or as
+  # arguments (woke_at: when the loop woke, with every call that may read or serve a request).
   class Connections
+    # What Connections asks of the loop (the class comment); each member a callable.
+    Port = Struct.new(:after_request, :last_request, :replace, :resume_accepting, keyword_init: true)
+
     # Connection states (Conn#state; defined in C, where the hand-off watcher reads them).
     IDLE = Native::Conn::IDLE     # keep-alive (or new), no byte of the next request yet (only these may move)
     HEAD = Native::Conn::HEAD     # part of a request head received
@@ -32,17 +46,20 @@ module Blackbuck
     ERR = Native::Poller::ERR
 
     # fd => Conn of every connection this worker owns (the loop looks its events up here); the
-    # connections whose pipelined request waits its turn (#serve_ready).
-    attr_reader :table, :ready
+    # connections whose pipelined request waits its turn (#serve_ready); requests served.
+    attr_reader :table, :ready, :served
     # Mirrors of the loop's state, set by Worker when it changes: every app thread has a request;
     # the worker accepts nothing (a closed connection may let it resume).
     attr_writer :saturated, :paused
 
-    # worker: what the state machine asks of the loop (counted, last_request, replace, begin_graceful_stop,
-    # resume_accepting). rewatch: a finished response's connection may be out of the poller (app
-    # threads: the loop takes it out only if it becomes readable while the app runs, #on_event).
-    def initialize(worker, config, request, scoreboard, index, rewatch:, requests_limit: 0)
-      @worker = worker
+    # port: what the state machine asks of the loop (a Port). rewatch: a finished response's
+    # connection may be out of the poller (app threads: the loop takes it out only if it becomes
+    # readable while the app runs, #on_event).
+    def initialize(port, config, request, scoreboard, index, rewatch:, requests_limit: 0)
+      @after_request = port.after_request
+      @last_request = port.last_request
+      @replace = port.replace
+      @resume_accepting = port.resume_accepting
       @request = request
       @scoreboard = scoreboard
       @index = index
@@ -55,6 +72,7 @@ module Blackbuck
       @requests_limit = requests_limit
       @limited = requests_limit.positive?
       @started = 0 # requests started (max_requests_per_child counts them)
+      @served = 0  # requests served (the app answered)
       # Settings read on every request, fetched once.
       @keepalive_timeout = config[:keepalive_timeout]
       @stop_idle_seconds = [STOP_IDLE_DRAIN, @keepalive_timeout].min
@@ -82,10 +100,10 @@ module Blackbuck
       fd = conn.fd
       @conns[fd] = conn
       conn.enter(IDLE, seconds)
-      return if @saturated && @balancer.pass_new(conn) # no room here: it moves on at once
+      return if @saturated && @balancer.pass_new(conn, woke_at) # no room here: it moves on at once
 
       if moved && conn.buffered.positive?
-        progress(conn, IDLE)
+        progress(conn, IDLE, woke_at)
       else
         on_readable(conn, IDLE, woke_at, moved)
       end
@@ -104,7 +122,7 @@ module Blackbuck
     def on_event(conn, ev, woke_at)
       # (if/elsif with ==, not case/when: on every event, and == on two Integers is the VM's own)
       state = conn.state
-      if state == WRITE then flush(conn)
+      if state == WRITE then flush(conn, woke_at)
       elsif state == LINGER then drop(conn) if conn.discard_input
       # An app thread has its request (--threads; the connection stays in the poller while the app
       # runs, so a request costs no epoll_ctl): it became readable (a pipelined request, the client
@@ -121,16 +139,17 @@ module Blackbuck
     end
 
     # A whole request (head and body) is in: run the app, answer. True when the next request is
-    # read already and may be served now (#progress).
-    def serve(conn, env)
+    # read already and may be served now (#progress). woke_at: when the loop woke.
+    def serve(conn, env, woke_at)
       queued = conn.start_app(env) # BUSY; env[QUEUE_TIME]
       # max_requests_per_child: the request that reaches the limit begins the stop before it runs, so
       # its response says "Connection: close" and its client is never promised one more.
-      @worker.last_request(@requests_limit) if @limited && (@started += 1) >= @requests_limit
+      @last_request.call(@requests_limit) if @limited && (@started += 1) >= @requests_limit
       return shed(conn) if @shed && queued > @max_queue_time
-      return false unless (mode = @runner.run(conn, env, queued)) # the app threads have it: #finished
+      return false unless (mode = @runner.run(conn, env, queued, woke_at)) # the app threads have it: #finished
 
-      @worker.counted
+      @served += 1
+      @after_request&.call(@served) # (nil without hooks: no call)
       return finish_response(conn) if mode == Response::DONE
       return answered(conn, mode) if mode == Response::WRITTEN
 
@@ -138,22 +157,23 @@ module Blackbuck
     end
 
     # The app threads are done with these requests: the loop takes each connection back. Answers
-    # whether every thread still has one (AppRunner#finished).
-    def finished
+    # whether every thread still has one (AppRunner#finished). woke_at: when the loop woke.
+    def finished(woke_at)
       @saturated = @runner.finished do |conn, fd, mode|
-        @worker.counted
+        @served += 1
+        @after_request&.call(@served)
         if mode == Response::HIJACKED
           untrack_fd(fd) if @conns[fd].equal?(conn) # (the app may have closed it: its number may be another's now)
         elsif !conn.closed? && after_response(conn, mode)
-          progress(conn, IDLE)
+          progress(conn, IDLE, woke_at)
         end
       end
     end
 
-    def serve_ready
+    def serve_ready(woke_at)
       batch = @ready.dup
       @ready.clear
-      batch.each { |conn| progress(conn, IDLE) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
+      batch.each { |conn| progress(conn, IDLE, woke_at) if @conns[conn.fd].equal?(conn) && conn.state == IDLE }
     end
 
     # The client is gone (end of input, a reset, it stopped reading) or a staged close is over:
@@ -225,23 +245,24 @@ module Blackbuck
     def on_readable(conn, state, woke_at, moved = false)
       # Every app thread is busy: a request waiting on the hand-off socket goes first, and this one
       # may move on (Balancer#pass_on).
-      return if @saturated && state == IDLE && @balancer.pass_on(conn, moved)
+      return if @saturated && state == IDLE && @balancer.pass_on(conn, moved, woke_at)
 
       r = conn.fill(woke_at)
       return if r.nil?
       return drop(conn) if r == 0 # (== 0: no method call on the hot path)
 
-      progress(conn, state)
+      progress(conn, state, woke_at)
     end
 
     # What the bytes read so far make of the request on this connection (Request#advance answers),
     # and the state the connection goes to: the one place that moves a connection through its states
     # as it reads, on the loop thread. Pipelined requests already read are answered in turn here (a
     # loop, not a recursion), PIPELINE_BATCH in a row at most before other connections get a turn.
-    def progress(conn, state)
+    # woke_at: when the loop woke (the app threads' queue counts from then).
+    def progress(conn, state, woke_at)
       r = @request.advance(conn, state == BODY)
       while r.is_a?(Hash)
-        return unless serve(conn, r)
+        return unless serve(conn, r, woke_at)
 
         state = IDLE
         r = @request.advance(conn, false)
@@ -255,7 +276,7 @@ module Blackbuck
         watch(conn, IN | OUT) if conn.pending_output? # a 100 Continue the socket did not take
       when Request::PROXY # the PROXY header is in: the clock is a fresh connection's, the request next
         conn.extend_deadline(@header_timeout)
-        progress(conn, IDLE) if conn.buffered.positive?
+        progress(conn, IDLE, woke_at) if conn.buffered.positive?
       when Request::PROXY_PART then nil
       when Request::DROP then drop(conn)
       else reject(conn, r)
@@ -284,7 +305,7 @@ module Blackbuck
       when Response::CLOSE then close(conn)
       when Response::DROP then drop(conn)
       when Response::RETIRE_WRITTEN, Response::RETIRE_CLOSE, Response::RETIRE_DROP
-        @worker.replace("its request timed out or left the process unsafe (logged above)")
+        @replace.call("its request timed out or left the process unsafe (logged above)")
         return answered(conn) if mode == Response::RETIRE_WRITTEN
 
         mode == Response::RETIRE_CLOSE ? close(conn) : drop(conn)
@@ -353,9 +374,9 @@ module Blackbuck
 
     # The client became writable: send more. write_timeout limits how long it may take
     # nothing, so the deadline moves with every flush (a steady slow reader is fine).
-    def flush(conn)
+    def flush(conn, woke_at)
       case conn.flush
-      when Native::Conn::WRITE_DONE then progress(conn, IDLE) if finish_response(conn, true)
+      when Native::Conn::WRITE_DONE then progress(conn, IDLE, woke_at) if finish_response(conn, true)
       when Native::Conn::WRITE_PENDING then conn.extend_deadline(@write_timeout)
       when Native::Conn::WRITE_FAILED then drop(conn)
       end
@@ -373,7 +394,7 @@ module Blackbuck
 
     def untrack_fd(fd)
       @conns.delete(fd)
-      @worker.resume_accepting if @paused
+      @resume_accepting.call if @paused
     end
   end
 end

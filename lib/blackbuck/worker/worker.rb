@@ -25,7 +25,9 @@ module Blackbuck
   # This is the loop: the poller, listeners, control pipe, ticks and signals. Its collaborators, each
   # built once here for the worker's mode: Connections (every connection's state machine), an app
   # runner (AppRunner::Inline or ::Threads) and the Balancer (moves between workers, and the one
-  # "room for one more?").
+  # "room for one more?"). None of them holds this Worker: each gets a narrow port (its class's
+  # Port, a Struct of the few callables it may call back, built once here: #ports), the loop's
+  # woke_at as an argument, and answers what the loop is to do (Balancer#adopt_one, #saturated).
   class Worker
     # Connection states (Conn#state; Connections changes them).
     IDLE = Connections::IDLE
@@ -45,7 +47,6 @@ module Blackbuck
     QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
 
     attr_reader :index, :config, :logger, :scoreboard
-    attr_reader :woke_at # when the loop last woke: what is readable arrived by then
 
     # mold_line: where a worker told to fork the mold says it cannot (Refork; nil without reforking).
     def initialize(index:, app:, config:, listeners:, control:, scoreboard:, logger:, requests_limit: 0, handoff: nil,
@@ -57,7 +58,6 @@ module Blackbuck
       @scoreboard = scoreboard
       @logger = logger
       @multithread = config[:threads] > 1
-      @served = 0
       @stopping = false
       @saturated = false     # every app thread has a request (AppRunner::Threads; never with one)
       @stop_signals = 0      # TERM/INT/QUIT received (counted in the trap)
@@ -78,24 +78,24 @@ module Blackbuck
       @proxy_header_timeout = [PROXY_HEADER_SECONDS, @header_timeout].min
       @max_connections = config[:max_connections]
       @memory = Memory.new(config) # max_memory_per_child, out-of-band GC
-      @count_hooks = @memory.per_request? # #counted has more to do than count
-      @woke_at = now
+      @woke_at = now # when the loop last woke: what is readable arrived by then (the rooms get it as an argument)
       @request = Request.new(config, logger)
+      connections_port, runner_port, balancer_port = ports
       # Every connection's state machine; its table is the one the loop looks events up in.
-      @connections = Connections.new(self, config, @request, scoreboard, index, rewatch: @multithread,
-                                                                                requests_limit: requests_limit)
+      @connections = Connections.new(connections_port, config, @request, scoreboard, index,
+                                     rewatch: @multithread, requests_limit: requests_limit)
       @conns = @connections.table
       @ready = @connections.ready
       @response = Response.new(config, app, logger, @connections.method(:hand_over))
       # Who runs the app: this thread (Inline) or the app threads (Threads); the loop never asks which.
       @runner = if @multithread
-                  AppRunner::Threads.new(self, @connections, config, app, @request, scoreboard, index)
+                  AppRunner::Threads.new(runner_port, config, app, @request, scoreboard, index, logger)
                 else
-                  AppRunner::Inline.new(self, @request, @response, scoreboard, index)
+                  AppRunner::Inline.new(runner_port, @request, @response, scoreboard, index)
                 end
       # Moves between workers, and whether there is room for one more (handoff: [send end, receive
       # end] of the generation's hand-off socket pair, or nil).
-      @balancer = Balancer.new(self, @connections, @runner, config, scoreboard, logger, index, handoff)
+      @balancer = Balancer.new(balancer_port, @connections, @runner, config, scoreboard, logger, index, handoff)
     end
 
     # Serves until the worker stops. Returns :worker, or :mold when it stopped to fork the mold
@@ -130,45 +130,19 @@ module Blackbuck
       @runner.stop
       @balancer.stop
       if @role == :mold
-        @logger.info("worker #{@index} (pid #{Process.pid}) forks the mold after #{@served} requests, then exits")
+        @logger.info("worker #{@index} (pid #{Process.pid}) forks the mold after #{@connections.served} requests, then exits")
         @connections.drop_all # what graceful_timeout cut short: the mold must hold no client's socket
         @poller.close
         @control.close
       else
-        @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@served} requests#{@memory.peak}")
+        @logger.info("worker #{@index} (pid #{Process.pid}) exiting after #{@connections.served} requests#{@memory.peak}")
       end
       @role
     end
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
-    # Every app thread has a request (AppRunner::Threads#run): Balancer#saturated says what stops.
-    def on_saturated
-      @saturated = @connections.saturated = true
-      @balancer.saturated
-    end
-
-    # One more request served: OOB GC.
-    def counted
-      @served += 1
-      return unless @count_hooks
-
-      @gc_pending = true if @memory.gc_due?(@served)
-      check_memory if @memory.check_due?(@woke_at) && !@stopping
-    end
-
-    # max_requests_per_child: the request that reaches the limit begins the stop before it runs, so
-    # its response says "Connection: close" and its client is never promised one more.
-    def last_request(limit)
-      retire("reached #{limit} requests (max_requests_per_child)", :recycle)
-    end
-
-    # A request timed out, or the app raised an exception after which this process is not to be
-    # trusted (Response::RETIRE): a fresh worker replaces this one, the siblings serve on. The slot
-    # says which (WorkerExits): :timeout once the master's notice came, else :unsafe.
-    def replace(why) = retire(why, @timeout_noticed ? :timeout : :unsafe)
-
-    def paused? = @paused
+    private # (the rooms call none of these: only what their ports hold, #ports)
 
     def pause_accepting
       return if @paused
@@ -230,7 +204,40 @@ module Blackbuck
       @next_tick = now # tick exits once nothing is left (#drained?), from the loop
     end
 
-    private
+    # The narrow ports of the rooms (Connections::Port, AppRunner::Port, Balancer::Port): the only
+    # calls they make back into the loop, built once. A callable on a request's path (after_request
+    # with per-request hooks, saturated once every app thread is busy) is the work itself, not a
+    # call to a method of this Worker, so a request costs no more calls than before; the others are
+    # rare and call the Worker's methods.
+    def ports
+      connections = Connections::Port.new(
+        # One more request served (Connections#served): out-of-band GC, max_memory_per_child. nil
+        # when neither is on: then Connections makes no call at all.
+        after_request: (if @memory.per_request?
+                          lambda do |served|
+                            @gc_pending = true if @memory.gc_due?(served)
+                            check_memory if @memory.check_due?(@woke_at) && !@stopping
+                          end
+                        end),
+        # max_requests_per_child: the request that reaches the limit begins the stop before it runs,
+        # so its response says "Connection: close" and its client is never promised one more.
+        last_request: ->(limit) { retire("reached #{limit} requests (max_requests_per_child)", :recycle) },
+        # A request timed out, or the app raised an exception after which this process is not to be
+        # trusted (Response::RETIRE): a fresh worker replaces this one, the siblings serve on. The
+        # slot says which (WorkerExits): :timeout once the master's notice came, else :unsafe.
+        replace: ->(why) { retire(why, @timeout_noticed ? :timeout : :unsafe) },
+        resume_accepting: -> { resume_accepting }
+      )
+      runner = AppRunner::Port.new(
+        stop_accepting: -> { stop_accepting_in_app },
+        # Every app thread has a request (AppRunner::Threads#run): Balancer#saturated says what stops.
+        saturated: lambda do
+          @saturated = @connections.saturated = true
+          pause_accepting if @balancer.saturated
+        end
+      )
+      [connections, runner, Balancer::Port.new(pause_accepting: -> { pause_accepting })]
+    end
 
     # Each listener's env template, which C copies for every request it parses. Without app threads
     # the worker's one Request and Response add the entries they give every request (rack.input,
@@ -246,11 +253,11 @@ module Blackbuck
     # The app threads are done with some requests: their connections go on (Connections#finished),
     # and the freed threads take new work, from the hand-off socket first (those waited longest).
     def finished
-      unless (@saturated = @connections.finished)
+      unless (@saturated = @connections.finished(@woke_at))
         resume_accepting if @paused
         @balancer.intake(true) unless @paused
       end
-      @balancer.adopt_while_room
+      @balancer.adopt_while_room(@woke_at)
     end
 
     def install_traps
@@ -296,13 +303,13 @@ module Blackbuck
           elsif fd == @wake_fd
             finished
           elsif fd == @handoff_fd
-            @balancer.adopt_one
+            accept_stranded if @balancer.adopt_one(@woke_at) # a wake-up without a connection
           elsif fd == @control.fileno
             on_control
           end
         end
-        @connections.serve_ready unless @ready.empty?
-        @balancer.move_waiting if @saturated
+        @connections.serve_ready(@woke_at) unless @ready.empty?
+        @balancer.move_waiting(@woke_at) if @saturated
         tick if @stop_signals > @stop_signals_seen || @timeout_notices > @timeout_notices_seen || @reopen_logs ||
                 @woke_at >= @next_tick
       end
@@ -310,7 +317,7 @@ module Blackbuck
 
     def wait_ms
       t = @next_tick
-      t = @balancer.next_look(t) if @saturated # requests queued for a thread may move (Balancer#move_waiting)
+      t = @balancer.next_look(t, @woke_at) if @saturated # requests queued for a thread may move (Balancer#move_waiting)
       ms = ((t - Process.clock_gettime(Process::CLOCK_MONOTONIC)) * 1000).ceil # (#now, once a turn)
       ms.clamp(1, 1000)
     end
@@ -456,9 +463,9 @@ module Blackbuck
       accept_stranded
       check_memory unless @stopping
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
-      @balancer.tick
+      @balancer.tick(@paused)
       @runner.tick
-      $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping}#{' (forking the mold)' if @role == :mold} requests: #{@served} connections: #{@conns.size}"
+      $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping}#{' (forking the mold)' if @role == :mold} requests: #{@connections.served} connections: #{@conns.size}"
       @exit = true if @stopping && (t >= @stop_deadline || drained?)
     end
 
@@ -467,7 +474,7 @@ module Blackbuck
     # when the whole generation stops. It takes one per call and serves it ("Connection: close").
     # A retiring worker leaves what is on the socket to its siblings (its own idle connections are there).
     def drained?
-      @conns.empty? && (@retiring || !@balancer.take_left_over)
+      @conns.empty? && (@retiring || !@balancer.take_left_over(@woke_at))
     end
 
     # max_memory_per_child: a worker whose USS (its private pages; RSS where the kernel cannot say)
