@@ -13,6 +13,7 @@ require_relative "episode"
 require_relative "../memory"
 require_relative "../master/worker_exits"
 require_relative "../messages"
+require_relative "../version"
 
 module Blackbuck
   # A worker process: one epoll set holding the listeners, the control pipe from the master,
@@ -99,7 +100,7 @@ module Blackbuck
     end
 
     # Serves until the worker stops. Returns :worker, or :mold when it stopped to fork the mold
-    # (Spawner then forks it from this process, Mold#fork_from_worker: the listeners are still
+    # (Forker then forks it from this process, Forker#mold_from_worker: the listeners are still
     # open, the poller closed).
     def run
       install_traps
