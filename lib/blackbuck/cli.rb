@@ -200,6 +200,9 @@ module Blackbuck
                   "(default %{default}; Kubernetes)")
         o.on("--oob-gc N", "run GC between requests every N requests (0 = off)", &set(:oob_gc))
         o.on("--[no-]oob-gc-auto", "run a minor GC between requests when GC.stat says one is near", &set(:oob_gc_auto))
+        defaulted(o, :oob_major_gc, "--[no-]oob-major-gc",
+                  "Ruby >= 3.4: workers run no major GC by themselves; one runs between requests when Ruby " \
+                  "says it is due (default %{default}; docs/CONFIGURATION.md, oob_major_gc)")
         o.on("--max-memory-per-child KIB", "recycle a worker whose USS (its private memory) passes KIB (0 = off)", &set(:max_memory_per_child))
         defaulted(o, :jemalloc, "--[no-]jemalloc",
                   "run on jemalloc: restart at once with libjemalloc2 in LD_PRELOAD (default %{default}; " \

@@ -4,6 +4,7 @@ require "etc"
 require_relative "errors"
 require_relative "cpu_quota"
 require_relative "listeners"
+require_relative "memory"
 
 module Blackbuck
   # Every setting of the server: defaults in one hash, each directive validated by a tiny
@@ -76,6 +77,8 @@ module Blackbuck
       max_worker_spill: 4096 * MIB,   # bytes all of one worker's spill files may hold together; past it, as above
       oob_gc: 0,                      # run GC between requests every N requests; 0 = off
       oob_gc_auto: false,             # run a minor GC between requests when GC.stat says one is near
+      oob_major_gc: false,            # Ruby >= 3.4: workers run no major GC by themselves, one runs between requests
+                                      # when Ruby says it is due (docs/CONFIGURATION.md: why it is off by default)
       min_body_rate: 1024,            # bytes/s a request body must average after its first 10 s, else 408; 0 = off
       max_memory_per_child: 0,        # KiB of USS (private pages) after which a worker is recycled; 0 = off
       refork_after: [],               # requests: a worker of generation g that has served refork_after[g] forks
@@ -149,6 +152,7 @@ module Blackbuck
       when :environment then @values[key] = string(key, value.is_a?(Symbol) ? value.to_s : value) # -E, or :production
       when :stats_listen then @values[key] = value.nil? ? nil : address(key, value.is_a?(Integer) ? value.to_s : value)
       when :port then @values[key] = int(key, value, 0, 65_535)
+      when :oob_major_gc then @values[key] = major_gc(key, value)
       when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints,
            :gc_before_fork
         @values[key] = bool(key, value)
@@ -288,6 +292,15 @@ module Blackbuck
              else "#{zero ? 'non-negative' : 'positive'} number of seconds"
              end
       raise ConfigError, "#{key} must be a #{what}, got #{value.inspect}"
+    end
+
+    # oob_major_gc: true only where this Ruby's GC can leave major collections to the worker (a
+    # ConfigError elsewhere, as yjit without YJIT: the boot, and a HUP's --check, stop and say why).
+    def major_gc(key, value)
+      on = bool(key, value)
+      raise ConfigError, Memory.major_gc_unsupported if on && !Memory.major_gc_control?
+
+      on
     end
 
     def bool(key, value)

@@ -2,6 +2,7 @@
 
 require_relative "../test_helper"
 require "open3"
+require_relative "../../lib/blackbuck/memory"
 
 # The command line: mistakes are one line on stderr and a non-zero exit, never a backtrace.
 class CLITest < ServerTest
@@ -50,6 +51,26 @@ class CLITest < ServerTest
       assert_equal 1, status.exitstatus, args.inspect
       assert_one_line_error(err, pattern)
     end
+  end
+
+  # --[no-]oob-major-gc (issue 34): where this Ruby's GC can leave major GCs to the worker (Ruby >= 3.4)
+  # the flag is taken; elsewhere it stops the boot with one line that names the Ruby, exit 1. The
+  # --no- form is taken on any Ruby.
+  def test_oob_major_gc_flag
+    app = File.join(APPS, "hello.ru")
+    out, err, status = run_cli("--oob-major-gc", "--check", app)
+    if Blackbuck::Memory.major_gc_control?
+      assert status.success?, err
+      assert_match(/hello\.ru boots/, out)
+    else
+      assert_equal 1, status.exitstatus
+      assert_one_line_error(err, /\Ablackbuck: oob_major_gc needs GC\.config\(rgengc_allow_full_mark:\) \(Ruby >= 3\.4 with its default GC\); Ruby #{Regexp.escape(RUBY_VERSION)} has none/)
+    end
+    _out, err, status = run_cli("--no-oob-major-gc", "--check", app)
+    assert status.success?, err
+    _out, err, status = run_cli("--oob-major-gc=maybe", "--check", app)
+    assert_equal 2, status.exitstatus, "an argument the switch does not take: OptionParser's error"
+    assert_one_line_error(err, /needless argument: --oob-major-gc=maybe/)
   end
 
   def test_missing_rackup_file

@@ -280,6 +280,35 @@ class ConfigTest < Minitest::Test
     end
   end
 
+  # oob_major_gc (issue 34): on where this Ruby's GC can leave major GCs to the worker (Ruby >= 3.4);
+  # elsewhere `true` stops the boot with one line that says why, `false` is fine, and whatever the
+  # Ruby a value that is no boolean is an error. The refusal is checked on every Ruby (a stand-in
+  # probe) and, on a Ruby without the control, for real.
+  def test_oob_major_gc_is_refused_where_the_gc_cannot_leave_majors_to_the_worker
+    assert_equal false, config[:oob_major_gc], "off by default"
+    err = assert_raises(Blackbuck::ConfigError) { config.set(:oob_major_gc, "maybe") }
+    assert_equal 'oob_major_gc must be true or false, got "maybe"', err.message
+    assert_equal false, config.set(:oob_major_gc, "off")[:oob_major_gc]
+    refused = /\Aoob_major_gc needs GC\.config\(rgengc_allow_full_mark:\) \(Ruby >= 3\.4 with its default GC\); Ruby #{Regexp.escape(RUBY_VERSION)}.* has none: remove the setting/
+    if Blackbuck::Memory.major_gc_control?
+      assert_equal true, config.set(:oob_major_gc, "on")[:oob_major_gc]
+      assert_equal true, config.set(:oob_major_gc, true)[:oob_major_gc]
+    else
+      err = assert_raises(Blackbuck::ConfigError) { config.set(:oob_major_gc, true) }
+      assert_match refused, err.message
+    end
+    Blackbuck::Memory.stub(:major_gc_control?, false) do
+      err = assert_raises(Blackbuck::ConfigError) { config.set(:oob_major_gc, "true") }
+      assert_match refused, err.message
+      assert_equal false, config.set(:oob_major_gc, false)[:oob_major_gc]
+      Dir.mktmpdir do |d|
+        File.write("#{d}/conf.rb", "workers 2\noob_major_gc true\n")
+        err = assert_raises(Blackbuck::ConfigError) { Blackbuck::Config::DSL.load(config, "#{d}/conf.rb") }
+        assert_match(/\A#{d}\/conf\.rb:2: oob_major_gc needs GC\.config/, err.message, "the config file's line")
+      end
+    end
+  end
+
   private
 
   # Ruby's own words for nil.fetch (3.1: "undefined method `fetch' for nil:NilClass"; 3.4: "'fetch' for nil")

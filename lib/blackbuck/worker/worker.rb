@@ -125,9 +125,11 @@ module Blackbuck
       @wake_fd = @runner.wake_fd
       # The last response on a connection says so ("Connection: close"): keepalive off is 1.
       Native::Conn.keepalive_policy(@keepalive ? @max_keepalive_requests : 1)
+      @memory.start # oob_major_gc: from here Ruby runs no major GC by itself
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
       loop_until_done
+      @memory.stop
       @runner.stop
       @balancer.stop
       if @role == :mold
