@@ -10,7 +10,9 @@ require "shellwords"
 command = ENV["BLACKBUCK_BENCH_COMMAND"] || Shellwords.join(["ruby", "bench/run.rb", *ARGV])
 begin
   opts = BlackbuckBench.parse_options(ARGV.dup)
-rescue OptionParser::ParseError => e
+  # the servers' Ruby, chosen before anything asks whether a server is installed (its gem directory)
+  BlackbuckBench::ServerRuby.current = BlackbuckBench::ServerRuby.resolve(opts[:ruby])
+rescue OptionParser::ParseError, ArgumentError => e
   warn "bench: #{e.message}"
   exit 2
 end

@@ -23,6 +23,7 @@ namespace :bench do
     ruby File.join(__dir__, "test", "drivers_test.rb")
     ruby File.join(__dir__, "test", "memory_test.rb")
     ruby File.join(__dir__, "test", "plan_docs_test.rb")
+    ruby File.join(__dir__, "test", "server_ruby_test.rb")
   end
 
   desc "Install what the benchmark needs (Debian packages, gems outside the bundle)"

@@ -4,10 +4,25 @@
 # the page groups and the combined load result, the plan; no servers, no load.
 # Run: ruby bench/test/memory_test.rb   (or rake bench:test)
 require "minitest/autorun"
+require_relative "fake_rubies"
 require "tmpdir"
 require_relative "../lib/blackbuck_bench/runner"
 
 class MemoryTest < Minitest::Test
+  include FakeRubies
+
+  # The tests below describe a run on Debian's Ruby 3.1 (server_ruby_test.rb: on 3.4 and 4.0).
+  def setup
+    super
+    @saved_ruby = BlackbuckBench::ServerRuby.current
+    BlackbuckBench::ServerRuby.current = FakeRubies::DEBIAN_31
+  end
+
+  def teardown
+    BlackbuckBench::ServerRuby.current = @saved_ruby
+    super
+  end
+
   include BlackbuckBench
 
   # Linux 6.x, a forked Rails worker (fields the kernel prints, in its order)
@@ -167,7 +182,7 @@ class MemoryTest < Minitest::Test
   def test_yjit_rows_write_out_the_code_region_size
     assert_equal "--yjit --yjit-exec-mem-size=256", Servers.fetch("pitchfork-refork+yjit").env["RUBYOPT"]
     assert_equal "--yjit --yjit-exec-mem-size=64", Servers.fetch("blackbuck-warmup-refork+yjit64").env["RUBYOPT"]
-    assert_nil Servers.fetch("blackbuck-jemalloc").env["RUBYOPT"]
+    assert_nil Servers.fetch("blackbuck-defaults-jemalloc").env["RUBYOPT"]
   end
 
   def test_report_has_a_memory_table_and_targets

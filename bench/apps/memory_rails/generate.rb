@@ -47,7 +47,14 @@ module MemoryRailsApp
     "Note" => [%w[body:text], %w[post], 20]
   }.freeze
 
+  # Rails 8.1's gem directory (bin/setup installs gemfiles/browser8.gemfile there with Ruby 3.4)
+  GEM_DIR8 = ENV.fetch("BLACKBUCK_BROWSER8_GEMS") { File.join(Dir.home, ".cache/blackbuck/browser8-gems") }
+
   module_function
+
+  # The gem directory the app resolves from on the servers' Ruby: Rails 7.2's for Debian's 3.1,
+  # Rails 8.1's for 3.4 and 4.0 (the harness's BlackbuckBench::ServerRuby; nil: 3.1's).
+  def gem_dir(ruby = nil) = ruby.nil? || ruby.debian? ? GEM_DIR : GEM_DIR8
 
   def digest = Digest::SHA256.file(__FILE__).hexdigest[0, 16]
 

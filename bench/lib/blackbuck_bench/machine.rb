@@ -21,7 +21,9 @@ module BlackbuckBench
         "memory_gb" => (mem_kb / 1024.0 / 1024).round(1),
         "kernel" => Etc.uname[:release],
         "os" => os_name,
-        "ruby" => RUBY_DESCRIPTION,
+        "ruby" => ServerRuby.current.description,
+        "harness_ruby" => RUBY_DESCRIPTION,
+        "server_ruby" => ServerRuby.current.to_h,
         "loadavg_at_start" => File.read("/proc/loadavg").split.first(3).join(" "),
         "sysctl" => SYSCTLS.to_h { |k| [k.tr("/", "."), (File.read("/proc/sys/#{k}").strip.gsub(/\s+/, " ") rescue nil)] },
         "versions" => versions
@@ -44,7 +46,7 @@ module BlackbuckBench
     end
 
     def versions
-      gems = capture("ruby", "-e", 'puts %w[rack unicorn puma pitchfork iodine itsi-server sinatra railties].map { |g| ' \
+      gems = capture(ServerRuby.current.ruby, "-e", 'puts %w[rack unicorn puma pitchfork iodine itsi-server falcon sinatra railties].map { |g| ' \
                                      '"#{g} #{Gem::Specification.find_all_by_name(g).map(&:version).max || "absent"}" }.join(", ")')
       root = File.expand_path("../../..", __dir__)
       lock = File.read(File.join(root, "Gemfile.lock")) rescue ""
@@ -68,15 +70,16 @@ module BlackbuckBench
               ENV.to_h
             end
       env = env.reject do |k, _|
-        k.start_with?("BUNDLE_", "BUNDLER_", "GEM_") || %w[RUBYOPT RUBYLIB RUBY_YJIT_ENABLE].include?(k)
+        k.start_with?("BUNDLE_", "BUNDLER_", "GEM_") || %w[RUBYOPT RUBYLIB RUBY_YJIT_ENABLE RUBY_MN_THREADS LD_PRELOAD].include?(k)
       end
+      ruby = ServerRuby.current
       if bundled
         env["BUNDLE_GEMFILE"] = gemfile || File.expand_path("../../../Gemfile", __dir__)
+        env["PATH"] = [ruby.bin, env["PATH"]].compact.join(":")
       else
-        env["GEM_PATH"] = [Servers::GEM_HOME, *Gem.default_path].uniq.join(":")
+        env["GEM_PATH"] = [ruby.gem_home, *ruby.default_gem_path].uniq.join(":")
         env["RUBYOPT"] = "-r#{preload}" if preload
-        bin = File.join(Servers::GEM_HOME, "bin")
-        env["PATH"] = [bin, env["PATH"]].compact.join(":")
+        env["PATH"] = [File.join(ruby.gem_home, "bin"), ruby.bin, env["PATH"]].compact.join(":")
       end
       env["RACK_ENV"] = "none"
       env.merge(extra)

@@ -185,8 +185,8 @@ module BlackbuckBench
       extra = JSON.parse(File.read(File.join(app_dir, MemoryRailsApp::ENV_FILE))).merge(recipe.env)
       unless recipe.bundled?
         env = Machine.server_env(bundled: false, extra: extra)
-        rails_gems = File.join(MemoryRailsApp::GEM_DIR, "ruby", RbConfig::CONFIG["ruby_version"])
-        env["GEM_PATH"] = [Servers::GEM_HOME, rails_gems, *Gem.default_path].uniq.join(":")
+        rails_gems = File.join(MemoryRailsApp.gem_dir(ServerRuby.current), "ruby", ServerRuby.current.abi)
+        env["GEM_PATH"] = [Servers.gem_home, rails_gems, *ServerRuby.current.default_gem_path].uniq.join(":")
         return env
       end
       Machine.server_env(bundled: true, gemfile: File.join(app_dir, "Gemfile"), extra: extra)

@@ -3,6 +3,7 @@
 require "optparse"
 require_relative "servers"
 require_relative "workloads"
+require_relative "server_ruby"
 
 module BlackbuckBench
   TRANSPORTS = %w[tcp unix].freeze
@@ -29,13 +30,17 @@ module BlackbuckBench
     out: File.expand_path("../../results", __dir__),
     quick: false,
     plan: false,           # print the plan and its estimate, measure nothing
-    cpu_hog: false         # one busy process per core beside the whole run (a shared CPU)
+    cpu_hog: false,        # one busy process per core beside the whole run (a shared CPU)
+    ruby: ServerRuby::DEFAULT # the servers' Ruby (also BENCH_RUBY): 3.4, 4.0, 3.1 or a path (ServerRuby)
   }.freeze
 
   # CI: every server and every workload that has quick cells once, very short (not the memory
   # workload: a Rails boot and warm-up per row). Durations of workloads that set their own (iowait,
   # mixed) are capped at this one too.
-  QUICK = { duration: 1, warmup: 0, repeat: 1, workloads: WORKLOADS.reject { |w| w.quick_cells.empty? }.map(&:name) }.freeze
+  # Its servers run on the Ruby running the harness (CI's lanes each run bench:quick with their
+  # own), unless --ruby or BENCH_RUBY names one.
+  QUICK = { ruby: ServerRuby::CURRENT, duration: 1, warmup: 0, repeat: 1,
+            workloads: WORKLOADS.reject { |w| w.quick_cells.empty? }.map(&:name) }.freeze
 
   def self.parse_options(argv, env: ENV)
     given = {}
@@ -45,6 +50,8 @@ module BlackbuckBench
       o.banner = "usage: ruby bench/run.rb [options]   (see bench/README.md)"
       o.on("--quick", "CI matrix: #{QUICK.map { |k, v| "#{k}=#{Array(v).join(',')}" }.join(' ')}, each workload's quick cells") { given[:quick] = true }
       o.on("--plan", "print the plan (servers x cells per workload) and its estimate, and exit: measures nothing") { given[:plan] = true }
+      o.on("--ruby VERSION", "the servers' Ruby (also BENCH_RUBY): 3.4, 4.0, 3.1 (test/matrix.rb finds it) or a ruby path " \
+                             "(#{DEFAULTS[:ruby]}; --quick: the Ruby running this)") { |v| given[:ruby] = v }
       o.on("--only NAME", "named subset (also BENCH_ONLY=NAME): #{SUBSETS.keys.join(', ')}") { |v| given[:only] = v }
       o.on("--workers N", Integer, "worker processes per server (#{DEFAULTS[:workers]}; mixed: #{MIXED_WORKERS})") { |v| given[:workers] = positive(:workers, v) }
       o.on("--duration S", Float, "seconds per measurement (#{DEFAULTS[:duration]}; iowait, mixed: #{MIXED_DURATION_S})") { |v| given[:duration] = positive(:duration, v) }
@@ -67,6 +74,7 @@ module BlackbuckBench
                              "with nginx, sidecars or jobs, as in production") { |v| given[:cpu_hog] = v }
     end.parse!(argv)
     given[:only] ||= env["BENCH_ONLY"] unless env["BENCH_ONLY"].to_s.empty?
+    given[:ruby] ||= env["BENCH_RUBY"] unless env["BENCH_RUBY"].to_s.empty?
     base = DEFAULTS.dup
     base.update(QUICK) if given[:quick]
     base.update(subset(given[:only])) if given[:only]
@@ -77,7 +85,7 @@ module BlackbuckBench
   def self.subset(name)
     s = SUBSETS[name] or raise OptionParser::InvalidArgument, "BENCH_ONLY/--only: unknown #{name} (known: #{SUBSETS.keys.join(', ')})"
     out = s.slice(:workloads, :transports, :modes)
-    out[:servers] = Servers.default_names.select { |n| Servers.fetch(n).ruby? } if s[:servers] == :ruby_with_twins
+    out[:servers] = Servers.names.select { |n| Servers.fetch(n).ruby? && !Servers.fetch(n).variant? } if s[:servers] == :ruby_with_twins
     out
   end
 

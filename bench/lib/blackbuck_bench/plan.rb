@@ -1,13 +1,16 @@
 # frozen_string_literal: true
 
 require_relative "options"
+require_relative "server_ruby"
 
 module BlackbuckBench
   # Which servers measure which workload in which cells, with what load, and how long the whole
   # run will take. Printed at the start of every run; bench/test checks the full run's estimate
   # against FULL_RUN_BUDGET_S.
   module Plan
-    FULL_RUN_BUDGET_S = 45 * 60
+    # The throughput rows' share of a full run: 45 min on 3.1; on 3.4 and 4.0 (the twins where the
+    # rows without YJIT ran, M:N and Falcon rows) about 50 min
+    FULL_RUN_BUDGET_S = 60 * 60
     # Calibrated on the shared 2-core machine with a load average of 4 (bench:quick: 1.3 s per
     # 1 s measurement; 20 servers booted four at a time in 27 s, ten Rails servers in 22 s).
     MEASURE_OVERHEAD_S = 0.5  # tool start and exit, /proc reads, Stats::SETTLE_S
@@ -22,13 +25,19 @@ module BlackbuckBench
     # stop, most of it the warm-up (measured: 21 rows in 503 s, bench/results/memory.md; a
     # margin for rows whose refork takes top-ups)
     MEMORY_ROW_S = 30
-    MEMORY_BUDGET_S = 15 * 60 # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S
+    MEMORY_BUDGET_S = 20 * 60 # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S (39 rows)
 
-    # yjit_cells: the cells the +yjit twins run (all of them, but only the first in --quick)
+    # cells_for: the cells a server runs: all of them, but in --quick only the first for the rows
+    # that are the comparison (the +yjit twins; on a Ruby with YJIT by default, the rows without it)
     Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true) do
-      def cells_for(server) = server.end_with?("+yjit") && quick ? cells.first(1) : cells
+      def cells_for(server) = quick && comparison?(server) ? cells.first(1) : cells
 
-      attr_accessor :quick
+      def comparison?(server)
+        yjit = server.end_with?("+yjit")
+        yjit_default ? !yjit && Servers.fetch(server).ruby? : yjit
+      end
+
+      attr_accessor :quick, :yjit_default
     end
 
     module_function
@@ -47,31 +56,47 @@ module BlackbuckBench
       step = Step.new(workload: w, servers: servers_for(w, opts), cells: cells, workers: w.workers || opts[:workers],
                       connections: w.connections || opts[:connections], duration: duration)
       step.quick = opts[:quick] && !opts[:servers_given]
+      step.yjit_default = server_ruby(opts).yjit_by_default?
       step
     end
 
-    # nginx `return 200` only where it serves the same bytes (the ceiling); the +yjit twins only
-    # on the workloads where the app's Ruby code is more than a sleep, unless named in --servers.
+    # The run's Ruby (ServerRuby.current, set by run.rb; opts[:server_ruby] in the tests).
+    def server_ruby(opts) = opts[:server_ruby] || ServerRuby.current
+
+    # nginx `return 200` only where it serves the same bytes (the ceiling). YJIT: on a Ruby where
+    # it is not on by default (3.1), the +yjit twins only on the workloads where the app's Ruby
+    # code is more than a sleep (Workload#yjit); on one where it is (3.4, 4.0), the twins
+    # everywhere and the rows without YJIT on those workloads only. A recipe that cannot run on the
+    # run's Ruby (Debian's packages elsewhere than on 3.1, M:N threads before 3.3) is left out.
+    # --servers runs what it names, as named.
     def servers_for(w, opts)
+      ruby = server_ruby(opts)
       opts[:servers].select do |name|
         r = Servers.fetch(name)
+        base = name.delete_suffix("+yjit") # quick_servers and threaded name the rows, not their twins
         # the memory workload runs its own rows (on its Rails app), and they run nowhere else
         next r.only == w.name if w.memory? || r.only
-        next false if opts[:quick] && !opts[:servers_given] && w.quick_servers && !w.quick_servers.include?(name)
-        if r.threaded? && !opts[:servers_given]
-          next false unless w.threaded&.include?(name)
-          next false if opts[:quick] && !w.quick_servers&.include?(name)
+        next true if opts[:servers_given] && (r.ruby? || (w.ceiling && !w.front))
+        next false if r.unfit_for(ruby)
+        next false if opts[:quick] && w.quick_servers && !w.quick_servers.include?(base)
+        if r.threaded?
+          next false unless w.threaded&.include?(base)
+          next false if opts[:quick] && !w.quick_servers&.include?(base)
         end
         next w.ceiling && !w.front if !r.ruby?
-        next true if opts[:servers_given] || !r.yjit?
 
-        opts[:quick] ? w.quick_yjit : w.yjit
+        yjit_rows = opts[:quick] ? w.quick_yjit : w.yjit
+        if ruby.yjit_by_default?
+          r.yjit? || (yjit_rows && w.without_yjit)
+        else
+          !r.yjit? || (yjit_rows && !r.threaded?)
+        end
       end
     end
 
     # => { cells:, measurements:, boots:, seconds: }; absent servers (present: false) cost nothing
     # The memory workload's rows are measured once each (no --repeat: see MemoryStep).
-    def estimate(steps, opts, present: ->(name) { Servers.fetch(name).absent_reason.nil? })
+    def estimate(steps, opts, present: ->(name) { Servers.fetch(name).absent_reason(server_ruby(opts)).nil? })
       memory, steps = steps.partition { |s| s.workload.memory? }
       rows = memory.sum { |s| s.servers.count(&present) }
       e = estimate_throughput(steps, opts, present)
@@ -89,7 +114,7 @@ module BlackbuckBench
       boots = steps.sum { |s| n[s] }
       booting = steps.sum do |s|
         warmup = s.workload.driver ? [opts[:warmup], MIN_RATE_WARMUP_S].max : opts[:warmup]
-        n[s] * ((s.workload.rack2 ? RAILS_BOOT_S : BOOT_S) + warmup)
+        n[s] * ((s.workload.rails ? RAILS_BOOT_S : BOOT_S) + warmup)
       end
       cross = opts[:crosscheck] ? CROSSCHECK_RUNS * (opts[:duration] + MEASURE_OVERHEAD_S) : 0
       { cells: cells, measurements: cells * opts[:repeat], boots: boots, seconds: (measuring + booting + cross).round }
@@ -103,7 +128,8 @@ module BlackbuckBench
         "  #{s.workload.name}: #{s.servers.size} servers x #{s.cells.map { |c| c.join('/') }.join(', ')}, " \
           "#{s.workers} workers, #{s.connections} connections, #{s.duration} s"
       end
-      "plan: #{e[:cells]} cells x #{opts[:repeat]} runs = #{e[:measurements]} measurements, #{e[:boots]} boots; " \
+      "plan: servers on #{server_ruby(opts).description} (YJIT #{server_ruby(opts).yjit_by_default? ? 'on by default: the +yjit rows, the others only where YJIT is compared' : 'in the +yjit rows only'})\n" \
+        "plan: #{e[:cells]} cells x #{opts[:repeat]} runs = #{e[:measurements]} measurements, #{e[:boots]} boots; " \
         "estimate #{(e[:seconds] / 60.0).round(1)} min\n#{lines.join("\n")}"
     end
   end

@@ -49,8 +49,6 @@ module BlackbuckBench
 
     ROOT = File.expand_path("../../..", __dir__)
     BOOT_PARALLEL = 4 # servers booting at once: boots are CPU-bound, and 2 cores are shared
-    RAILS_GEMFILE = File.join(ROOT, "gemfiles", "rails61.gemfile")
-    RACK2_PRELOAD = File.expand_path("../../apps/lib/rack2.rb", __dir__)
 
     def initialize(opts, command:)
       @opts = opts
@@ -196,12 +194,11 @@ module BlackbuckBench
 
     def server_env(recipe, workload, stats_dir)
       extra = recipe.env.merge("BENCH_STATS_DIR" => stats_dir)
-      if workload.rack2
-        Machine.server_env(bundled: recipe.bundled?, gemfile: (RAILS_GEMFILE if recipe.bundled?),
-                           preload: (RACK2_PRELOAD unless recipe.bundled?), extra: extra)
-      else
-        Machine.server_env(bundled: recipe.bundled?, extra: extra)
-      end
+      return Machine.server_env(bundled: recipe.bundled?, extra: extra) unless workload.rails
+
+      rails = RailsStack.for(ServerRuby.current)
+      Machine.server_env(bundled: recipe.bundled?, gemfile: (rails.gemfile if recipe.bundled?),
+                         preload: (rails.preload unless recipe.bundled?), extra: extra.merge(rails.env))
     end
 
     def finish_boot((name, server, running, t0), step)

@@ -35,7 +35,7 @@ module BlackbuckBench
     def spawn
       cmd = recipe.command(ctx)
       @argv = cmd[:argv]
-      File.write(File.join(ctx.dir, "command.txt"), "#{@env.slice('RUBY_YJIT_ENABLE', 'RUBYOPT', 'BUNDLE_GEMFILE', 'GEM_PATH').map { |k, v| "#{k}=#{v} " }.join}#{@argv.join(' ')}\n")
+      File.write(File.join(ctx.dir, "command.txt"), "#{@env.slice('RUBY_YJIT_ENABLE', 'RUBY_MN_THREADS', 'LD_PRELOAD', 'RUBYOPT', 'BUNDLE_GEMFILE', 'GEM_PATH').map { |k, v| "#{k}=#{v} " }.join}#{@argv.join(' ')}\n")
       @started = monotonic
       @pid = Process.spawn(@env, *@argv, chdir: cmd[:chdir], pgroup: true, unsetenv_others: true,
                                           in: File::NULL, %i[out err] => [@log_path, "w"])

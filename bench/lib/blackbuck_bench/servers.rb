@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "../../apps/memory_rails/generate"
+require_relative "server_ruby"
 
 module BlackbuckBench
   # Every server's launch recipe, in one place. A recipe turns (app, workers, listeners, scratch
@@ -16,8 +17,10 @@ module BlackbuckBench
   # newest rack on that path, the bundle's Rack 3.2 that bench/setup installs there.
   #
   # Every Ruby recipe has a YJIT twin, NAME+yjit: the same command with RUBY_YJIT_ENABLE=1.
+  # Which Ruby runs them is the run's (ServerRuby.current): bench/setup's gem directory of that
+  # Ruby, its bin/ first on PATH.
   class Recipe
-    attr_reader :name, :summary, :worker_re, :ready_re, :env, :gem, :only, :reforked_re
+    attr_reader :name, :worker_re, :ready_re, :gem, :only, :reforked_re
 
     # gem: the RubyGems name bench/setup installs for it (its failure reason is shown when absent)
     # ruby: a Ruby server (gets a +yjit twin); yjit_variant: its twin runs only when named
@@ -26,10 +29,15 @@ module BlackbuckBench
     # only: the one workload it runs (the memory workload's rows: they boot its Rails app)
     # reforked_re: a log line each re-forked worker prints; the memory workload waits for
     # workers - 1 of them (Puma's fork_worker), sending SIGURG when the warm-up did not trigger it
+    # needs: ->(server_ruby) { nil, or why this recipe cannot run on that Ruby } (Debian's packages
+    # are for Debian's 3.1; M:N threads need 3.3): such a recipe is left out of a default run there
+    # and absent, with that reason, when named
+    # summary and env may be lambdas, evaluated for the run's Ruby (a YJIT flag differs by Ruby)
     def initialize(name:, summary:, executable:, worker_re:, ready_re: nil, bundled: false, variant: false,
                    ruby: true, gem: nil, env: {}, yjit_variant: false, threaded: false, only: nil,
-                   reforked_re: nil, &build)
+                   reforked_re: nil, needs: nil, &build)
       @name = name
+      @needs = needs
       @only = only
       @reforked_re = reforked_re
       @threaded = threaded
@@ -48,28 +56,43 @@ module BlackbuckBench
 
     def bundled? = @bundled
 
+    def summary = @summary.respond_to?(:call) ? @summary.call : @summary
+
+    def env = @env.respond_to?(:call) ? @env.call : @env
+
+    # nil when it can run on that Ruby, else why not
+    def unfit_for(server_ruby) = @needs&.call(server_ruby)
+
+    def needs = @needs
+
     def threaded? = @threaded
 
     def ruby? = @ruby
 
-    def yjit? = @env["RUBY_YJIT_ENABLE"] == "1"
+    def yjit? = env["RUBY_YJIT_ENABLE"] == "1" || env["RUBYOPT"].to_s.include?("--yjit")
 
     # A variant (e.g. another scheduling policy) runs only when --servers names it.
     def variant? = @variant
 
-    # The same server with YJIT on (Ruby 3.1 reads RUBY_YJIT_ENABLE=1 at boot, in every process).
+    # The same server with YJIT on (every Ruby since 3.1 reads RUBY_YJIT_ENABLE=1 at boot, in
+    # every process, forked workers included), YJIT's other options at that Ruby's defaults.
     def with_yjit
-      Recipe.new(name: "#{name}+yjit", summary: "#{summary}; RUBY_YJIT_ENABLE=1", executable: @executable,
+      env = @env
+      Recipe.new(name: "#{name}+yjit", summary: -> { "#{summary}; RUBY_YJIT_ENABLE=1" }, executable: @executable,
                  worker_re: worker_re, ready_re: ready_re, bundled: @bundled, variant: @variant || @yjit_variant,
-                 ruby: true, gem: @gem, env: @env.merge("RUBY_YJIT_ENABLE" => "1"), &@build)
+                 ruby: true, gem: @gem, threaded: @threaded, needs: @needs,
+                 env: -> { (env.respond_to?(:call) ? env.call : env).merge("RUBY_YJIT_ENABLE" => "1") }, &@build)
     end
 
     # nil when the server can run here, else the reason it is absent.
-    def absent_reason
+    def absent_reason(server_ruby = ServerRuby.current)
+      unfit = unfit_for(server_ruby)
+      return unfit if unfit
+
       path = @executable.call
       unless path
         why = @gem && Servers.install_failure(@gem)
-        return why ? "gem install #{@gem} failed in bench/setup: #{why}" : "executable not found#{@gem ? ' (run bench/setup)' : ''}"
+        return why ? "gem install #{@gem} failed in bench/setup: #{why}" : "executable not found#{@gem ? " (run #{server_ruby.setup_hint})" : ''}"
       end
       return "#{path} is not executable" unless File.executable?(path)
 
@@ -96,8 +119,18 @@ module BlackbuckBench
 
   module Servers
     ROOT = File.expand_path("../../..", __dir__)
-    # Where bench/setup installs the RubyGems peers (never the system, never the bundle).
-    GEM_HOME = ENV.fetch("BENCH_GEM_HOME", File.join(ROOT, "tmp", "bench-gems"))
+    # Where bench/setup installs the RubyGems peers of the run's Ruby (never the system, never the
+    # bundle): tmp/bench-gems/MAJOR.MINOR.
+    def self.gem_home = ServerRuby.current.gem_home
+
+    # The run's Ruby's bundle executable (Blackbuck runs in the project's bundle of that Ruby).
+    def self.bundle = File.join(ServerRuby.current.bin, "bundle")
+
+    # needs: Debian's packages (unicorn 6.0, puma 5.6, ruby-railties 6.1) are built for its Ruby 3.1
+    DEBIAN_RUBY = ->(r) { r.debian? ? nil : "Debian's package is built for Debian's Ruby 3.1; the run's Ruby is #{r.full_version}" }
+    # needs: RUBY_MN_THREADS=1 (M:N threads) is read by Ruby >= 3.3 only
+    MN_RUBY = ->(r) { r.mn_threads? ? nil : "RUBY_MN_THREADS (M:N threads) needs Ruby >= 3.3; the run's Ruby is #{r.full_version}" }
+    MN = { "RUBY_MN_THREADS" => "1" }.freeze
     PUMA_RAILS_THREADS = 3  # Rails' default RAILS_MAX_THREADS since 7.2
     PUMA_MANY_THREADS = 5   # Puma 5's default max threads per worker, Rails' before 7.2
     NGINX_WORKER_CONNECTIONS = 4096
@@ -112,11 +145,11 @@ module BlackbuckBench
     def self.first_existing(*paths) = paths.compact.find { |p| File.executable?(p) }
 
     # An executable installed by bench/setup into GEM_HOME.
-    def self.bench_bin(name) = first_existing(File.join(GEM_HOME, "bin", name))
+    def self.bench_bin(name) = first_existing(File.join(gem_home, "bin", name))
 
     # bench/setup's note of why a gem did not install, or nil.
     def self.install_failure(gem)
-      path = File.join(GEM_HOME, "absent", "#{gem}.txt")
+      path = File.join(gem_home, "absent", "#{gem}.txt")
       File.exist?(path) ? File.read(path).strip : nil
     end
 
@@ -216,13 +249,18 @@ module BlackbuckBench
     # exe: the blackbuck executable (this tree's, or BENCH_BASE's for the base rows); the project's
     # bundle either way (the executable loads its own tree's lib/ by relative path).
     def self.blackbuck_command(ctx, *flags, exe: "exe/blackbuck")
-      { argv: ["bundle", "exec", exe, "-w", ctx.workers.to_s, *flags, "-l", ctx.tcp,
+      { argv: [bundle, "exec", exe, "-w", ctx.workers.to_s, *flags, "-l", ctx.tcp,
                "-l", "unix:#{ctx.unix_path}", ctx.app_path], chdir: ctx.root }
     end
 
+    # Unicorn: Debian's 6.0 on Debian's Ruby 3.1, RubyGems' 6.1 (bench/setup) on another Ruby.
+    def self.unicorn_path = ServerRuby.current.debian? ? which("unicorn") : bench_bin("unicorn")
+
+    def self.unicorn_summary(rest) = -> { "#{ServerRuby.current.debian? ? 'Debian unicorn 6.0' : 'unicorn 6.1 (RubyGems)'}, #{rest}" }
+
     def self.unicorn_command(ctx, *prefix)
       conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
-      { argv: [*prefix, "unicorn", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
+      { argv: [*prefix, unicorn_path, "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
     end
 
     def self.puma_command(ctx, exe, threads, *version)
@@ -230,18 +268,58 @@ module BlackbuckBench
       { argv: [exe, *version, "-C", conf, ctx.app_path], chdir: ctx.dir }
     end
 
+    def self.falcon_config(ctx)
+      <<~RUBY
+        # Written by bench/lib/blackbuck_bench/servers.rb for `falcon host`.
+        require "falcon/environment/rack"
+        require "io/endpoint/composite_endpoint"
+        require "io/endpoint/unix_endpoint"
+        require "io/endpoint/host_endpoint"
+
+        service "bench" do
+          include Falcon::Environment::Rack
+
+          rackup_path #{ctx.app_path.inspect}
+          count #{ctx.workers}
+          endpoint do
+            listeners = IO::Endpoint.composite(
+              IO::Endpoint.tcp("127.0.0.1", #{ctx.tcp_port}, reuse_address: true, backlog: #{BACKLOG}),
+              IO::Endpoint.unix(#{ctx.unix_path.inspect}, backlog: #{BACKLOG})
+            )
+            Async::HTTP::Endpoint.parse("http://127.0.0.1:#{ctx.tcp_port}", listeners,
+                                        protocol: Async::HTTP::Protocol::HTTP1)
+          end
+        end
+      RUBY
+    end
+
     # Iodine's CLI takes one listener (-b/-p); the UNIX socket is a second Iodine.listen made by
-    # a rackup wrapper around the same app file.
+    # a rackup wrapper around the same app file. Iodine 0.7 on Debian's Ruby 3.1 (0.8 needs a
+    # newer one): it loads the app before forking. Iodine 0.8 elsewhere: --preload (copy-on-write;
+    # without it each worker loads the app) and -R (the app is a Rack::Builder file, as its
+    # README's own benchmark runs it); its listeners take a URL (unix:///path for a UNIX socket).
     def self.iodine_command(ctx, threads)
+      if ServerRuby.current.debian?
+        listen = "Iodine.listen(service: :http, handler: app, address: #{ctx.unix_path.inspect}, port: 0)"
+        flags = ["-b", "127.0.0.1", "-p", ctx.tcp_port.to_s]
+      else
+        listen = "Iodine.listen(service: :http, handler: app, url: #{"unix://#{ctx.unix_path}".inspect})"
+        flags = ["-b", "http://#{ctx.tcp}", "--preload", "-R"]
+      end
       wrapper = ctx.write("iodine.ru", <<~RUBY)
         app = Rack::Builder.parse_file(#{ctx.app_path.inspect})
         app = app.first if app.is_a?(Array) # Rack 2 returns [app, options]
-        Iodine.listen(service: :http, handler: app, address: #{ctx.unix_path.inspect}, port: 0)
+        #{listen}
         run app
       RUBY
-      { argv: [bench_bin("iodine"), "-w", ctx.workers.to_s, "-t", threads.to_s, "-b", "127.0.0.1",
-               "-p", ctx.tcp_port.to_s, wrapper], chdir: ctx.dir }
+      { argv: [bench_bin("iodine"), "-w", ctx.workers.to_s, "-t", threads.to_s, *flags, wrapper], chdir: ctx.dir }
     end
+
+    # Iodine's version on the run's Ruby (bench/setup: 0.7 on Debian's 3.1, 0.8 elsewhere).
+    def self.iodine_version = ServerRuby.current.debian? ? "0.7" : "0.8"
+
+    # Iodine's readiness: 0.7 logs "INFO: PID is running" per worker, 0.8 "(PID) worker starting up."
+    IODINE_READY = /INFO: \d+ is running|\(\d+\) worker starting up\./
 
     # Blackbuck with flags: the plain row (no flags), a variant, or a threaded row.
     def self.blackbuck(name, summary, *flags, variant: false, threaded: false, root: ROOT)
@@ -266,23 +344,30 @@ module BlackbuckBench
                 "--threads", threads.to_s, threaded: true)
     end
 
-    def self.puma8(name, threads, why, threaded: false)
+    # mn: RUBY_MN_THREADS=1, Ruby's M:N thread scheduler (>= 3.3), as HttpArena's Puma entry runs
+    def self.puma8(name, threads, why, threaded: false, mn: false)
       Recipe.new(
-        name: name, threaded: threaded, gem: "puma",
-        summary: "Puma 8 (RubyGems), workers N, threads #{threads}:#{threads}#{why}, preload_app!, environment none",
+        name: name, threaded: threaded, gem: "puma", env: mn ? MN : {}, needs: (MN_RUBY if mn),
+        summary: "Puma 8 (RubyGems), workers N, threads #{threads}:#{threads}#{why}, preload_app!, environment none" \
+                 "#{mn ? ', RUBY_MN_THREADS=1 (M:N threads)' : ''}",
         executable: -> { bench_bin("puma") },
         worker_re: /puma: cluster worker/,
         ready_re: /Worker \d+ \(PID: \d+\) booted/
       ) { |ctx| puma_command(ctx, bench_bin("puma"), threads) }
     end
 
-    def self.iodine(name, threads)
+    # mn: with RUBY_MN_THREADS=1 where the Ruby has M:N threads (HttpArena's Iodine entry: one
+    # thread per worker, M:N)
+    def self.iodine(name, threads, mn: false)
+      env = -> { mn && ServerRuby.current.mn_threads? ? MN : {} }
       Recipe.new(
-        name: name, gem: "iodine",
-        summary: "Iodine 0.7 (RubyGems), -w N -t #{threads}; a second Iodine.listen for the UNIX socket",
+        name: name, gem: "iodine", env: env,
+        summary: -> { "Iodine #{iodine_version} (RubyGems), -w N -t #{threads}#{iodine_version == '0.8' ? ' --preload -R' : ''}" \
+                      "#{env.call.empty? ? '' : ', RUBY_MN_THREADS=1 (M:N threads, as HttpArena runs it)'}; " \
+                      "a second Iodine.listen for the UNIX socket" },
         executable: -> { bench_bin("iodine") },
         worker_re: nil, # workers keep the master's title: every process but the master
-        ready_re: /INFO: \d+ is running/
+        ready_re: IODINE_READY
       ) { |ctx| iodine_command(ctx, threads) }
     end
 
@@ -300,16 +385,16 @@ module BlackbuckBench
       blackbuck("blackbuck-base-2x5", "BENCH_BASE's blackbuck with --threads #{PUMA_MANY_THREADS}",
                 "--threads", PUMA_MANY_THREADS.to_s, variant: true, threaded: true, root: BASE_ROOT),
       Recipe.new(
-        name: "unicorn",
-        summary: "Debian unicorn, worker_processes N, preload_app, -E none (no keep-alive by design)",
-        executable: -> { which("unicorn") },
+        name: "unicorn", gem: "unicorn", # RubyGems' on a Ruby other than Debian's
+        summary: unicorn_summary("worker_processes N, preload_app, -E none (no keep-alive by design)"),
+        executable: -> { unicorn_path },
         worker_re: /unicorn.*worker\[\d+\]/,
         ready_re: /worker=\d+ ready/
       ) { |ctx| unicorn_command(ctx) },
       Recipe.new(
         name: "unicorn-batch",
         summary: "unicorn as above, started under `chrt -b 0` (SCHED_BATCH, like blackbuck --sched-batch): like for like",
-        executable: -> { which("unicorn") && which("chrt") },
+        executable: -> { unicorn_path && which("chrt") },
         worker_re: /unicorn.*worker\[\d+\]/,
         ready_re: /worker=\d+ ready/,
         variant: true
@@ -320,7 +405,7 @@ module BlackbuckBench
         executable: -> { debian_gem_version("puma") && first_existing("/usr/bin/puma") },
         worker_re: /puma: cluster worker/,
         ready_re: /Worker \d+ \(PID: \d+\) booted/,
-        yjit_variant: true
+        yjit_variant: true, needs: DEBIAN_RUBY
       ) { |ctx| puma_command(ctx, "/usr/bin/puma", 1, "_#{debian_gem_version('puma')}_") },
       Recipe.new(
         name: "puma5-2x5",
@@ -328,12 +413,14 @@ module BlackbuckBench
         executable: -> { debian_gem_version("puma") && first_existing("/usr/bin/puma") },
         worker_re: /puma: cluster worker/,
         ready_re: /Worker \d+ \(PID: \d+\) booted/,
-        variant: true
+        variant: true, needs: DEBIAN_RUBY
       ) { |ctx| puma_command(ctx, "/usr/bin/puma", PUMA_MANY_THREADS, "_#{debian_gem_version('puma')}_") },
       puma8("puma8-2x1", 1, " (the prefork servers' concurrency)"),
       puma8("puma8-2x2", 2, "; only on the workloads that wait, beside blackbuck-2x2", threaded: true),
       puma8("puma8-2x3", PUMA_RAILS_THREADS, " (Rails' default)"),
       puma8("puma8-2x5", PUMA_MANY_THREADS, ""),
+      puma8("puma8-2x3-mn", PUMA_RAILS_THREADS, " (Rails' default)", mn: true),
+      puma8("puma8-2x5-mn", PUMA_MANY_THREADS, "", mn: true),
       Recipe.new(
         name: "pitchfork", gem: "pitchfork",
         summary: "pitchfork 0.18 (RubyGems), worker_processes N, -E none (no keep-alive by design, like Unicorn)",
@@ -344,7 +431,7 @@ module BlackbuckBench
         conf = ctx.write("pitchfork.conf.rb", unicorn_like_config(ctx))
         { argv: [bench_bin("pitchfork") || "pitchfork", "-E", "none", "-c", conf, ctx.app_path], chdir: ctx.dir }
       end,
-      iodine("iodine-2x1", 1),
+      iodine("iodine-2x1", 1, mn: true),
       iodine("iodine-2x5", PUMA_MANY_THREADS),
       Recipe.new(
         name: "itsi-2x1", gem: "itsi-server",
@@ -365,17 +452,19 @@ module BlackbuckBench
         RUBY
         { argv: [bench_bin("itsi"), "-C", conf, "-r", ctx.app_path], chdir: ctx.dir }
       end,
+      # Falcon's production command (`falcon host`, its docs' deployment guide) with a service of
+      # Falcon::Environment::Rack: N forked workers (`count`), each a fiber per request; one endpoint
+      # that binds both listeners (IO::Endpoint.composite), which `falcon serve --bind` cannot.
       Recipe.new(
         name: "falcon", gem: "falcon",
-        # never run here (Falcon needs Ruby >= 3.3): binds TCP only, so the UNIX readiness check
-        # fails until a second endpoint is added
-        summary: "Falcon (RubyGems), --count N: fibers, one per request",
+        summary: "Falcon 0.57 (RubyGems), `falcon host` with Falcon::Environment::Rack, count N (forked workers, " \
+                 "a fiber per request), one composite endpoint for both listeners, HTTP/1",
         executable: -> { bench_bin("falcon") },
-        worker_re: nil,
-        ready_re: nil
+        worker_re: nil, # workers keep the master's title: every process but the master
+        ready_re: nil   # ready when both sockets accept (the probe)
       ) do |ctx|
-        { argv: [bench_bin("falcon"), "serve", "--count", ctx.workers.to_s, "--config", ctx.app_path,
-                 "--bind", "http://#{ctx.tcp}"], chdir: ctx.dir }
+        conf = ctx.write("falcon.rb", falcon_config(ctx))
+        { argv: [bench_bin("falcon"), "host", conf], chdir: ctx.dir }
       end,
       Recipe.new(
         name: "nginx", ruby: false,
@@ -420,7 +509,7 @@ module BlackbuckBench
       Recipe.new(name: name, summary: summary, only: "memory", bundled: true, env: env, executable: executable,
                  worker_re: /\Ablackbuck worker/, ready_re: /worker \d+ .*ready/) do |ctx|
         conf = lines.empty? ? [] : ["-c", ctx.write("blackbuck.rb", lines.map { |l| l.respond_to?(:call) ? l.call(ctx) : l }.join("\n") + "\n")]
-        { argv: ["bundle", "exec", File.join(ROOT, "exe/blackbuck"), "-w", ctx.workers.to_s, *conf, "-l", ctx.tcp,
+        { argv: [bundle, "exec", File.join(ROOT, "exe/blackbuck"), "-w", ctx.workers.to_s, *conf, "-l", ctx.tcp,
                  "-l", "unix:#{ctx.unix_path}", "config.ru"], chdir: memory_app_dir }
       end
     end
@@ -436,7 +525,7 @@ module BlackbuckBench
       blackbuck_memory("blackbuck-refork", "blackbuck -w 4, config `#{REFORK_AFTER}`", lines: [REFORK_AFTER]),
       blackbuck_memory("blackbuck-warmup-refork", "blackbuck -w 4, config `warmup` (every endpoint) and `#{REFORK_AFTER}`",
                        lines: [WARMUP_LINE, REFORK_AFTER]),
-      blackbuck_memory("blackbuck-jemalloc", "blackbuck -w 4, defaults, LD_PRELOAD=#{JEMALLOC}",
+      blackbuck_memory("blackbuck-defaults-jemalloc", "blackbuck -w 4, defaults, LD_PRELOAD=#{JEMALLOC}",
                        env: { "LD_PRELOAD" => JEMALLOC },
                        executable: -> { File.exist?(JEMALLOC) ? first_existing(File.join(ROOT, "exe/blackbuck")) : nil }),
       blackbuck_memory("blackbuck-warmup-jemalloc", "blackbuck -w 4, config `warmup`, LD_PRELOAD=#{JEMALLOC}",
@@ -477,36 +566,60 @@ module BlackbuckBench
         conf = ctx.write("puma.rb", puma_config(ctx, 1).sub("preload_app!\n", "fork_worker\n"))
         in_app_dir(argv: [bench_bin("puma"), "-C", conf, "config.ru"])
       end,
-      Recipe.new(name: "unicorn-preload", only: "memory", summary: "Debian unicorn, worker_processes 4, preload_app true, -E none",
-                 executable: -> { which("unicorn") }, worker_re: /unicorn.*worker\[\d+\]/,
+      Recipe.new(name: "unicorn-preload", only: "memory", gem: "unicorn",
+                 summary: unicorn_summary("worker_processes 4, preload_app true, -E none"),
+                 executable: -> { unicorn_path }, worker_re: /unicorn.*worker\[\d+\]/,
                  ready_re: /worker=\d+ ready/) do |ctx|
         conf = ctx.write("unicorn.conf.rb", unicorn_like_config(ctx, "preload_app true"))
-        in_app_dir(argv: ["unicorn", "-E", "none", "-c", conf, "config.ru"])
+        in_app_dir(argv: [unicorn_path, "-E", "none", "-c", conf, "config.ru"])
       end,
-      Recipe.new(name: "iodine-4x1", gem: "iodine", only: "memory", summary: "Iodine 0.7, -w 4 -t 1 (app loaded before the fork)",
+      Recipe.new(name: "iodine-4x1", gem: "iodine", only: "memory", summary: -> { "Iodine #{iodine_version}, -w 4 -t 1 (app loaded before the fork)" },
                  executable: -> { bench_bin("iodine") }, worker_re: nil,
-                 ready_re: /INFO: \d+ is running/) { |ctx| in_app_dir(iodine_command(ctx, 1)) }
+                 ready_re: IODINE_READY) { |ctx| in_app_dir(iodine_command(ctx, 1)) }
     ].freeze
 
     # Each memory row with YJIT (RUBYOPT, read by every process: --yjit-exec-mem-size written out),
     # and the warmup + refork row once more with a 64 MiB code region.
-    def self.memory_yjit(recipe, mem_mb, suffix = "+yjit")
-      opt = "--yjit --yjit-exec-mem-size=#{mem_mb}"
-      Recipe.new(name: "#{recipe.name}#{suffix}", summary: "#{recipe.summary}; RUBYOPT=#{opt}", only: "memory",
-                 executable: -> { recipe.executable_path }, worker_re: recipe.worker_re, ready_re: recipe.ready_re,
-                 bundled: recipe.bundled?, gem: recipe.gem, env: recipe.env.merge("RUBYOPT" => opt),
-                 reforked_re: recipe.reforked_re) { |ctx| recipe.command(ctx) }
+    # Each memory row with YJIT (RUBYOPT, read by every process). mem_mb nil: YJIT's limits as the
+    # run's Ruby has them on a Ruby with YJIT by default (3.4: --yjit-mem-size 128 MiB), Ruby 3.1's
+    # --yjit-exec-mem-size=256 written out on 3.1 (so the report shows it); 64: the warmup + refork
+    # target's code region (docs/DEPLOY.md), --yjit-exec-mem-size on every Ruby (3.4 and 4.0 still
+    # read it).
+    def self.memory_yjit_opt(mem_mb)
+      mem_mb ||= YJIT_EXEC_MEM_MB unless ServerRuby.current.yjit_by_default?
+      mem_mb ? "--yjit --yjit-exec-mem-size=#{mem_mb}" : "--yjit"
     end
 
-    # The jemalloc rows run with a 64 MiB code region only (the target's YJIT configuration, and
-    # Pitchfork's at equal footing).
-    MEMORY = (MEMORY_BASE.flat_map { |r| r.name.include?("jemalloc") ? [r] : [r, memory_yjit(r, YJIT_EXEC_MEM_MB)] } +
+    def self.memory_yjit(recipe, mem_mb = nil, suffix = "+yjit")
+      Recipe.new(name: "#{recipe.name}#{suffix}", summary: -> { "#{recipe.summary}; RUBYOPT=#{memory_yjit_opt(mem_mb)}" }, only: "memory",
+                 executable: -> { recipe.executable_path }, worker_re: recipe.worker_re, ready_re: recipe.ready_re,
+                 bundled: recipe.bundled?, gem: recipe.gem, env: -> { recipe.env.merge("RUBYOPT" => memory_yjit_opt(mem_mb)) },
+                 reforked_re: recipe.reforked_re, needs: recipe.needs) { |ctx| recipe.command(ctx) }
+    end
+
+    # A memory row on jemalloc (LD_PRELOAD, as Debian's libjemalloc2 is preloaded in production):
+    # every server with and without it, so that each ratio has the same allocator on both sides.
+    def self.memory_jemalloc(recipe)
+      Recipe.new(name: "#{recipe.name}-jemalloc", summary: -> { "#{recipe.summary}, LD_PRELOAD=#{JEMALLOC}" }, only: "memory",
+                 executable: -> { File.exist?(JEMALLOC) ? recipe.executable_path : nil }, worker_re: recipe.worker_re,
+                 ready_re: recipe.ready_re, bundled: recipe.bundled?, gem: recipe.gem,
+                 env: -> { recipe.env.merge("LD_PRELOAD" => JEMALLOC) }, reforked_re: recipe.reforked_re,
+                 needs: recipe.needs) { |ctx| recipe.command(ctx) }
+    end
+
+    # MEMORY_BASE, a jemalloc row for each row that has none there, each of those with YJIT, and the
+    # target's rows with a 64 MiB code region.
+    MEMORY_ALLOC = (MEMORY_BASE + MEMORY_BASE.reject { |r| r.name.include?("jemalloc") }
+                                              .reject { |r| MEMORY_BASE.any? { |o| o.name == "#{r.name}-jemalloc" } }
+                                              .map { |r| memory_jemalloc(r) }).freeze
+    MEMORY = (MEMORY_ALLOC.flat_map { |r| [r, memory_yjit(r)] } +
               %w[blackbuck-warmup-refork blackbuck-warmup-refork-jemalloc pitchfork-refork-jemalloc].map do |name|
                 memory_yjit(MEMORY_BASE.find { |r| r.name == name }, 64, "+yjit64")
               end).freeze
 
-    # Falcon has no twin: it cannot be installed on this Ruby, and a second absent row says nothing.
-    ALL = (BASE.flat_map { |r| r.ruby? && r.name != "falcon" && !r.threaded? ? [r, r.with_yjit] : [r] } + MEMORY).freeze
+    # Every Ruby row has a YJIT twin; which of the two a run measures where is Plan's choice (the
+    # twins of the threaded rows run only where YJIT is on by default).
+    ALL = (BASE.flat_map { |r| r.ruby? ? [r, r.with_yjit] : [r] } + MEMORY).freeze
 
     def self.nginx_path = first_existing("/usr/sbin/nginx", which("nginx"))
 

@@ -16,15 +16,18 @@ module BlackbuckBench
   # quick_servers  in --quick, only these servers (nil: all): workloads whose code path does not
   #              depend on the server (the seed hello, the front, the 64 KiB body) need not boot
   #              every server in CI
-  # rack2        the app needs Rack 2.2 (Debian's Rails 6.1): peers get lib/rack2.rb first,
-  #              blackbuck runs under gemfiles/rails61.gemfile
+  # rails        the app is bench/apps/rails.ru: its Rails and Rack are the run's Ruby's
+  #              (RailsStack: Debian's Rails 6.1 on Rack 2.2 on 3.1, Rails 8.1 on Rack 3.1 elsewhere),
+  #              peers get the Rack pin first (RUBYOPT=-r), blackbuck runs under that Rails' gemfile
+  # without_yjit on a Ruby with YJIT by default, the rows without YJIT run it too (the comparison);
+  #              quick_yjit: in --quick too (their first quick cell only)
   # driver       the load tool for this workload (nil: the run's --driver); the warm-up always
   #              uses the run's driver, so that h2load can size its request count from its rate
   # threaded     the threaded recipes (Recipe#threaded?: Blackbuck with app threads, Puma 8 with 2
   #              threads) that run it too, on the apps that wait; in --quick only those of
   #              quick_servers
   Workload = Struct.new(:name, :app, :title, :cells, :quick_cells, :workers, :connections, :duration,
-                        :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rack2,
+                        :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rails, :without_yjit,
                         :driver, :threaded, :memory, keyword_init: true) do
     def mixed? = !targets.nil? && !memory
 
@@ -56,7 +59,7 @@ module BlackbuckBench
   WORKLOADS = [
     Workload.new(name: "hello_length", app: "hello_length", cells: ALL_CELLS,
                  quick_cells: [%w[tcp keepalive], %w[unix close]], ceiling: true, yjit: true, quick_yjit: true,
-                 title: "hello world with Content-Length"),
+                 without_yjit: true, title: "hello world with Content-Length"),
     Workload.new(name: "hello", app: "hello", cells: UNIX_KA, quick_cells: UNIX_KA, ceiling: true,
                  quick_servers: %w[blackbuck unicorn pitchfork nginx], # the three framings: length, EOF, chunked
                  title: "hello world, no Content-Length (seed app: chunked or close-delimited)"),
@@ -80,14 +83,33 @@ module BlackbuckBench
     Workload.new(name: "big", app: "big", cells: UNIX_KA, quick_cells: UNIX_KA, ceiling: true, yjit: true,
                  quick_servers: %w[blackbuck unicorn puma8-2x1 iodine-2x1 itsi-2x1 nginx],
                  title: "64 KiB response"),
-    Workload.new(name: "rails", app: "rails", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true, rack2: true,
-                 title: "Rails 6.1 API endpoint rendering JSON (Rack 2.2)"),
+    Workload.new(name: "rails", app: "rails", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true, rails: true,
+                 without_yjit: true, title: "Rails API endpoint rendering JSON (Rails 6.1 on Rack 2.2 on Ruby 3.1, 8.1 on Rack 3.1 on 3.4 and 4.0)"),
     MEMORY_WORKLOAD
   ].freeze
 
   # A full run: every workload but the seed hello (its framing is in hello_length's probe; name
   # it, or BENCH_ONLY=hello, to measure it).
   DEFAULT_WORKLOADS = (WORKLOADS.map(&:name) - %w[hello]).freeze
+
+  # The Rails and Rack the rails workload runs on a Ruby: Debian's Rails 6.1 (Rack 2.2) on Debian's
+  # 3.1, Rails 8.1 (gemfiles/rails8.gemfile: Rack 3.1) on 3.4 and 4.0, installed by bin/setup with
+  # that Ruby (test/matrix.rb's lanes). gemfile: Blackbuck's bundle; preload: required first by the
+  # peers (RUBYOPT=-r) so that RubyGems activates the same Rack; env: what rails.ru reads.
+  RailsStack = Struct.new(:gemfile, :preload, :env, keyword_init: true) do
+    def self.for(ruby)
+      lib = File.expand_path("../../apps/lib", __dir__)
+      root = File.expand_path("../../..", __dir__)
+      if ruby.debian?
+        new(gemfile: File.join(root, "gemfiles", "rails61.gemfile"), preload: File.join(lib, "rack2.rb"),
+            env: { "BENCH_RAILS" => "~> 6.1.0" })
+      else
+        require File.join(root, "test", "matrix")
+        new(gemfile: TestMatrix.gemfile("gemfiles/rails8.gemfile", version: ruby.version), preload: File.join(lib, "rack31.rb"),
+            env: { "BENCH_RAILS" => "8.1.3" })
+      end
+    end
+  end
 
   def self.workload(name) = WORKLOADS.find { |w| w.name == name } || raise(ArgumentError, "unknown workload #{name}")
 
