@@ -184,4 +184,18 @@ class SchedulerTest < Minitest::Test
     end
     assert_equal :late, got
   end
+
+  def test_timeout_outside_its_fibers_still_raises
+    got = on_loop do |s|
+      inner = Fiber.new(blocking: false) do
+        Timeout.timeout(0.01) { IO.pipe[0].read(1) } # (read blocks the thread: not one of ours)
+      rescue Timeout::Error => e
+        e
+      end
+      value = inner.resume
+      assert_equal 0, s.waiting
+      value
+    end
+    assert_kind_of Timeout::Error, got
+  end
 end

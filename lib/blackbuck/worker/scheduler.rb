@@ -202,11 +202,13 @@ module Blackbuck
       suspend(wait)
     end
 
-    # Timeout.timeout inside one of our fibers: the timer raises klass where the fiber waits. (Outside,
-    # Ruby asks no scheduler: Timeout uses its own thread.)
+    # Timeout.timeout inside one of our fibers: the timer raises `error` where the fiber waits. In a
+    # blocking fiber Timeout asks no scheduler; in another non-blocking one (an Enumerator's inside
+    # app.call) a thread raises it, as Timeout's own does (#blocking_timeout).
     # (`error`: a class or an instance, as Timeout passes; `args`: its message.)
-    def timeout_after(duration, error, *args)
-      return yield(duration) unless ours? && duration
+    def timeout_after(duration, error, *args, &block)
+      return yield(duration) unless duration
+      return blocking_timeout(duration, error, args, &block) unless ours?
 
       timer = add_timer(duration, nil, -> { error.exception(*args) }, Fiber.current)
       begin
@@ -338,6 +340,21 @@ module Blackbuck
       @fallback = nil
       r&.close
       w&.close
+    end
+
+    def blocking_timeout(duration, error, args)
+      target = Thread.current
+      done = false
+      timer = Thread.new do
+        IO.select(nil, nil, nil, duration)
+        target.raise(error.exception(*args)) unless done
+      end
+      begin
+        yield duration
+      ensure
+        done = true
+        timer.kill
+      end
     end
 
     def blocking_io_wait(io, events, timeout)

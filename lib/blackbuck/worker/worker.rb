@@ -38,6 +38,7 @@ module Blackbuck
     WRITE = Connections::WRITE
     BUSY = Connections::BUSY
     LINGER = Connections::LINGER
+    STREAM = Connections::STREAM
 
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = Connections::PIPELINE_BATCH
