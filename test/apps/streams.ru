@@ -11,6 +11,7 @@
 #                                 the body pops (then :done)
 #   GET /call?n=N&gap=S           a Rack 3 callable body: N writes S seconds apart
 #   GET /raise                    one event, a wait, then the body raises
+#   GET /big?n=N                  N parts of 64 KiB, as fast as the client takes them (no wait of its own)
 #   GET /stats                    "closed=C finished=F": bodies closed, rack.response_finished callbacks run
 #   GET /                         hello
 GATE = { open: false } # rubocop:disable Style/MutableConstant -- the tests' gate, this process's
@@ -81,6 +82,9 @@ run(lambda do |env|
       gate(true, q["gated"], gap)
       raise "the body fails midway"
     end]
+  when "/big"
+    part = "x" * 65_536
+    [200, {}, Events.new { |&y| n.times { y.call(part) } }]
   when "/stats"
     [200, {}, ["closed=#{COUNTS[:closed]} finished=#{COUNTS[:finished]}\n"]]
   else

@@ -56,6 +56,17 @@ class StreamsTest < ServerTest
     io&.close
   end
 
+  # A chunked body's bytes.
+  def dechunk(data)
+    out = +""
+    until data.start_with?("0\r\n")
+      size, data = data.split("\r\n", 2)
+      out << data.byteslice(0, size.to_i(16))
+      data = data.byteslice(size.to_i(16) + 2..)
+    end
+    out
+  end
+
   def worker_pid = @server.worker_pids.first
   def fds = Dir.children("/proc/#{worker_pid}/fd").size
   def stats = plain_get("/stats").body[/closed=(\d+) finished=(\d+)/].then { [Integer($1), Integer($2)] }
@@ -135,6 +146,21 @@ class StreamsTest < ServerTest
     refute_nil @server.wait_exit(WAIT), "the server exited"
   ensure
     streams&.each { |s| s.io.close }
+  end
+
+  # A fast body to a client that reads nothing: the body waits once STREAM_HIGH_WATER is queued (the
+  # worker spills nothing and serves on), and goes on as the client reads.
+  def test_a_slow_reader_of_a_fast_stream_holds_the_high_water_mark_not_the_body
+    big = open_stream("/big?n=200") # 12.5 MiB, ten times response_buffer
+    wait_for(WAIT, "the stream waiting for its client") { worker_status["streams"] == 1 }
+    assert_equal "hello\n", plain_get.body
+    status = worker_status
+    assert_equal 1, status["streams"], "the stream still waits for its client"
+    assert_equal 0, status["spill_bytes"], "nothing past the high-water mark was queued"
+    big.until(LAST_CHUNK)
+    assert_equal 200 * 65_536, dechunk(big.data.split("\r\n\r\n", 2)[1]).bytesize
+  ensure
+    big&.io&.close
   end
 
   def test_keep_alive_after_a_stream
