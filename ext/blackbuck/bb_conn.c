@@ -484,6 +484,8 @@ ATTR_BOOL(body_done, body_done)
 ATTR_BOOL(expect_continue, expect_continue)
 ATTR_BOOL(chunked, body_mode == BODY_CHUNKED)
 static VALUE conn_get_pending_output(VALUE self) { return queued(get_conn(self)) ? Qtrue : Qfalse; }
+/* queued_bytes -> bytes of response output the client has not taken yet (a stream's back-pressure). */
+static VALUE conn_get_queued_bytes(VALUE self) { return LL2NUM((long long)bb_out_queued_bytes(&get_conn(self)->out)); }
 ATTR_BOOL(closed, fd < 0)
 ATTR_BOOL(tcp, tcp)
 ATTR_BOOL(moved, moved)
@@ -625,6 +627,7 @@ void bb_init_conn(void)
     rb_define_method(cConn, "expect_continue?", conn_get_expect_continue, 0);
     rb_define_method(cConn, "chunked?", conn_get_chunked, 0);
     rb_define_method(cConn, "pending_output?", conn_get_pending_output, 0);
+    rb_define_method(cConn, "queued_bytes", conn_get_queued_bytes, 0);
     rb_define_method(cConn, "unsent", conn_get_unsent, 0);
     rb_define_method(cConn, "closed?", conn_get_closed, 0);
     rb_define_method(cConn, "tcp?", conn_get_tcp, 0);
@@ -640,6 +643,7 @@ void bb_init_conn(void)
     rb_define_const(cConn, "WRITE", INT2FIX(BB_CONN_WRITE));
     rb_define_const(cConn, "BUSY", INT2FIX(BB_CONN_BUSY));
     rb_define_const(cConn, "LINGER", INT2FIX(BB_CONN_LINGER));
+    rb_define_const(cConn, "STREAM", INT2FIX(BB_CONN_STREAM));
     rb_define_const(cConn, "WRITE_DONE", INT2FIX(WRITE_DONE));
     rb_define_const(cConn, "WRITE_PENDING", INT2FIX(WRITE_PENDING));
     rb_define_const(cConn, "STREAM_CHUNKED", INT2FIX(STREAM_CHUNKED));

@@ -44,7 +44,9 @@ enum bb_conn_state {
     BB_CONN_BODY,     /* reading the request body */
     BB_CONN_WRITE,    /* response bytes waiting for the client */
     BB_CONN_BUSY,     /* its request is in the app */
-    BB_CONN_LINGER    /* closing in stages: write side shut, input discarded until the client closes */
+    BB_CONN_LINGER,   /* closing in stages: write side shut, input discarded until the client closes */
+    BB_CONN_STREAM    /* its response is a stream whose body waits on a fiber (Streams): never moved, and
+                       * its deadline is write_timeout only while the fiber waits for the client to read */
 };
 /* Hand-off (bb_conn_table.c, for bb_handoff.c): moves fd to another worker over sock when it is a
  * connection waiting between requests. owner: the caller is the thread that owns the connection (it

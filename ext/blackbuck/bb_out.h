@@ -95,6 +95,16 @@ static inline int bb_out_queued(const struct bb_out *o)
     return o->off < o->len || o->spill_fd >= 0 || o->held_len > 0 || o->file_fd >= 0;
 }
 
+/* Bytes queued (memory, spill file, held memory, the rest of a file body): what a stream's
+ * back-pressure weighs against its high-water mark. */
+static inline int64_t bb_out_queued_bytes(const struct bb_out *o)
+{
+    int64_t n = (int64_t)(o->len - o->off) + (int64_t)(o->held_len - o->held_off);
+    if (o->spill_fd >= 0) n += o->spill_len - o->spill_off;
+    if (o->file_fd >= 0) n += o->file_end - o->file_off;
+    return n;
+}
+
 /* Consumes w bytes from iov[*i, cnt), then skips empty entries. */
 static inline void bb_iov_skip(struct iovec *iov, int *i, int cnt, size_t w)
 {

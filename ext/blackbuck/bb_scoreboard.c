@@ -47,6 +47,7 @@ struct sb_slot {
     int64_t started_ms;   /* CLOCK_MONOTONIC ms when the current request started; 0 when idle */
     int64_t heartbeat_ms; /* CLOCK_MONOTONIC ms of the worker's last loop turn */
     int32_t connections;  /* open client connections */
+    int32_t streams;      /* of them, responses whose stream body waits on a fiber (Streams) */
     int64_t spill_bytes;  /* bytes in the worker's response spill files (max_worker_spill) */
     int64_t started_us;   /* CLOCK_MONOTONIC us when the current request started (its duration) */
     uint64_t shed;        /* requests answered 503 by max_queue_time instead of the app */
@@ -332,6 +333,14 @@ static VALUE sb_free_elsewhere(VALUE self, VALUE idx)
     return Qfalse;
 }
 
+/* streams(i, n): worker i has n open streams (responses whose body waits on a fiber), written when
+ * the count changes. */
+static VALUE sb_streams(VALUE self, VALUE idx, VALUE n)
+{
+    __atomic_store_n(&slot(self, idx)->streams, NUM2INT(n), __ATOMIC_RELAXED);
+    return Qnil;
+}
+
 /* tick(i, state, connections): the worker's loop is alive; also publishes its spill bytes. */
 static VALUE sb_tick(VALUE self, VALUE idx, VALUE state, VALUE conns)
 {
@@ -344,7 +353,7 @@ static VALUE sb_tick(VALUE self, VALUE idx, VALUE state, VALUE conns)
 }
 
 /* read_values(i) -> [pid, state, requests, running_ms (0 when idle), heartbeat_age_ms, connections, method,
- *                   path, spill_bytes]: private; #read (scoreboard.rb) names them (Scoreboard::Slot, this order). */
+ *                   path, spill_bytes, streams]: private; #read (scoreboard.rb) names them (Scoreboard::Slot, this order). */
 static VALUE sb_read_values(VALUE self, VALUE idx)
 {
     struct sb_slot *s = slot(self, idx);
@@ -357,7 +366,7 @@ static VALUE sb_read_values(VALUE self, VALUE idx)
     c.requests = __atomic_load_n(&s->requests, __ATOMIC_RELAXED);
     c.method[SB_METHOD_MAX - 1] = 0;
     c.path[SB_PATH_MAX - 1] = 0;
-    a = rb_ary_new_capa(9);
+    a = rb_ary_new_capa(10);
     rb_ary_push(a, INT2NUM(c.pid));
     rb_ary_push(a, INT2NUM(c.state));
     rb_ary_push(a, ULL2NUM(c.requests));
@@ -367,6 +376,7 @@ static VALUE sb_read_values(VALUE self, VALUE idx)
     rb_ary_push(a, rb_str_new_cstr(c.method));
     rb_ary_push(a, rb_str_new_cstr(c.path));
     rb_ary_push(a, LL2NUM(c.spill_bytes));
+    rb_ary_push(a, INT2NUM(__atomic_load_n(&s->streams, __ATOMIC_RELAXED)));
     return a;
 }
 
@@ -389,6 +399,7 @@ void bb_init_scoreboard(void)
     rb_define_method(c, "tick", sb_tick, 3);
     rb_define_method(c, "moves", sb_moves, 3);
     rb_define_method(c, "free_threads", sb_free_threads, 2);
+    rb_define_method(c, "streams", sb_streams, 2);
     rb_define_method(c, "free_elsewhere?", sb_free_elsewhere, 1);
     rb_define_private_method(c, "read_values", sb_read_values, 1);
     rb_define_method(c, "set_exit_reason", sb_set_exit_reason, 2);

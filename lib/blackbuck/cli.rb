@@ -241,6 +241,9 @@ module Blackbuck
         defaulted(o, :early_hints, "--[no-]early-hints",
                   "offer rack.early_hints: 103 responses (default %{default}; nginx before 1.29 and many " \
                   "proxies cannot pass a 103 on)")
+        defaulted(o, :streams, "--[no-]streams",
+                  "a streamed body that waits (SSE, a Rack 3 callable body) runs on a fiber and the worker " \
+                  "serves on meanwhile (default %{default}; threads 1 only)")
         defaulted(o, :keepalive_timeout, "--keepalive-timeout SEC",
                   "idle keep-alive connections close after SEC (default %{default})")
         defaulted(o, :max_keepalive_requests, "--max-keepalive-requests N", "requests per connection (default %{default})")

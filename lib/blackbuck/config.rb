@@ -90,6 +90,8 @@ module Blackbuck
       yjit_mem_size: nil,             # MiB: YJIT's memory limit (implies yjit); nil -> Ruby's default (YJIT)
       stats_listen: nil,              # address of the status listener (GET /status, GET /metrics); nil = off
       trust_forwarded_proto: true,    # X-Forwarded-Proto/-Ssl/-Scheme set rack.url_scheme (off when clients reach us directly)
+      streams: false,                 # a streamed body (each, or a Rack 3 callable body) that waits runs on a fiber
+                                      # of its own and the worker serves on meanwhile (threads 1 only; docs/ARCHITECTURE.md)
       early_hints: false,             # offer rack.early_hints (103) to apps; off: nginx < 1.29 and most proxies
                                       # cannot pass a 1xx on (Rails' asset tags send one on every HTML page)
       x_sendfile: false,              # send the file an app names in X-Sendfile (a path from the app: trusted)
@@ -154,7 +156,7 @@ module Blackbuck
       when :port then @values[key] = int(key, value, 0, 65_535)
       when :oob_major_gc then @values[key] = major_gc(key, value)
       when :keepalive, :oob_gc_auto, :sched_batch, :debug, :trust_forwarded_proto, :x_sendfile, :early_hints,
-           :gc_before_fork
+           :gc_before_fork, :streams
         @values[key] = bool(key, value)
       when :x_accel_mapping then Array(value).each { |m| @values[key] << accel_mapping(key, m) }
       when :unix_socket_mode then @values[key] = mode(key, value)

@@ -30,4 +30,11 @@ module Blackbuck
       responses[name] = RAILS_STATUS unless responses.key?(name)
     end
   end
+
+  # Raised in a stream body where it waits (a `sleep`, a `Queue#pop`: Scheduler) when the worker stops
+  # and graceful_timeout is over: the stream ends cleanly (its body closed, the last chunk written). An
+  # Exception, not a StandardError, so a body's `rescue => e` does not swallow it; a body that rescues
+  # it anyway gets it again at its next wait.
+  class StreamStop < Exception # rubocop:disable Lint/InheritException -- as RequestTimeout
+  end
 end

@@ -12,10 +12,11 @@ module Blackbuck
       # reset; the fork's predecessor's until then), state (IDLE, BUSY, STOPPING), requests served,
       # running_ms (the current request's age; 0 when none runs), heartbeat_age_ms (since the last
       # tick), connections, request_method and path (the request running, cut to fit; whatever ran
-      # last when none runs), spill_bytes. `request_method`, not `method`: that is Object#method.
+      # last when none runs), spill_bytes, streams (open streams: responses whose body waits on a fiber,
+      # Streams). `request_method`, not `method`: that is Object#method.
       # The members are in C's order (bb_scoreboard.c, read_values).
       Slot = Struct.new(:pid, :state, :requests, :running_ms, :heartbeat_age_ms, :connections,
-                        :request_method, :path, :spill_bytes)
+                        :request_method, :path, :spill_bytes, :streams)
 
       # read(i) -> slot i, a Slot. Read without a lock: a slot mid-update costs one stale sample.
       def read(index) = Slot.new(*read_values(index)).freeze

@@ -35,6 +35,8 @@ module Blackbuck
                   "Requests served since the master started, per worker slot (replaced workers included).",
                   snap["slots"].map { |s| [{ "worker" => s["index"] }, s["requests"]] })
       family.call("blackbuck_connections", "gauge", "Open client connections.", [[{}, t["connections"]]])
+      family.call("blackbuck_streams", "gauge", "Open streams: responses whose body waits on a fiber, per worker.",
+                  snap["workers"].map { |w| [{ "worker" => w["index"] }, w["streams"]] })
       family.call("blackbuck_spill_bytes", "gauge", "Bytes of responses clients have not taken, queued in spill files.",
                   snap["workers"].map { |w| [{ "worker" => w["index"] }, w["spill_bytes"]] })
       known = snap["listeners"].reject { |l| l["queued"].nil? }

@@ -55,6 +55,7 @@ module Blackbuck
           "idle" => workers.count { |w| w["state"] == "idle" },
           "requests" => slots.values.sum,
           "connections" => workers.sum { |w| w["connections"] },
+          "streams" => workers.sum { |w| w["streams"] },
           "spill_bytes" => workers.sum { |w| w["spill_bytes"] },
           "queued" => listeners.sum { |l| l["queued"] || 0 },
           "shed" => totals.shed,
@@ -99,6 +100,8 @@ module Blackbuck
         "state" => started ? state_name(slot.state, slot.running_ms) : "starting",
         "requests" => started ? slot.requests : 0,
         "connections" => started ? slot.connections : 0,
+        # of them, responses whose stream body waits on a fiber (the worker is free meanwhile)
+        "streams" => started ? slot.streams : 0,
         "spill_bytes" => started ? slot.spill_bytes : 0,
         "running_ms" => started ? slot.running_ms : 0,
         "method" => running ? slot.request_method : nil,

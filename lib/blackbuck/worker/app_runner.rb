@@ -3,6 +3,7 @@
 require_relative "../errors"
 require_relative "response"
 require_relative "app_pool"
+require_relative "streams"
 
 module Blackbuck
   # Who runs the app for a worker's complete requests, chosen once when the Worker is built:
@@ -44,6 +45,7 @@ module Blackbuck
         @request = request
         @response = response
         @gate = scoreboard
+        @scoreboard = scoreboard
         @index = index
         @done_state = Native::Scoreboard::IDLE # the slot's state after a request (STOPPING once stopping)
         @in_app = false
@@ -94,6 +96,24 @@ module Blackbuck
       end
 
       def finished = nil
+
+      # A stream's fiber runs again (Streams: its body's next part, from the loop): that is the app's
+      # time too. The slot shows it running from now (the master's request timeout counts this run
+      # only), and the timeout's notice is raised in it (#time_out). Not through the gate: the loop
+      # holds the hand-off watcher's lock meanwhile, so nothing moves during a run.
+      def stream_run_begin(method, path)
+        @scoreboard.running(@index, nil, 0.0, method, path)
+        @in_app = true
+      end
+
+      # ... and has given the loop back: the slot shows the worker free again.
+      def stream_run_end
+        @in_app = false
+        @scoreboard.running(@index, @done_state, nil, nil, nil)
+      end
+
+      # What Streams asks of this runner (Streams::Port).
+      def streams_port = Streams::Port.new(run_begin: method(:stream_run_begin), run_end: method(:stream_run_end))
 
       # From the USR2 trap: raised in the loop's thread, inside the app (the worker is replaced once
       # the request is over: Response::RETIRE). Nothing is left for the loop to do.

@@ -31,12 +31,15 @@ module Blackbuck
     WRITE = Native::Conn::WRITE   # response bytes waiting for the client
     BUSY = Native::Conn::BUSY     # its request is in the app
     LINGER = Native::Conn::LINGER # closing in stages: write side shut, input discarded until the client closes
+    STREAM = Native::Conn::STREAM # its response's stream body waits on a fiber (Streams); the worker is free
 
     PIPELINE_BATCH = 16  # pipelined requests served on one connection before others get a turn
     LINGER_SECONDS = 2   # seconds a staged close waits for the client to close its side
                          # (RFC 9112 9.6; see #close and Conn#shutdown_write)
     STOP_IDLE_DRAIN = 1  # seconds a stopping worker still answers idle keep-alive connections
                          # (with "Connection: close"), so a request racing the stop is served
+    STREAM_SECONDS = Float::INFINITY # a STREAM connection's deadline while its body waits for itself
+                                     # (a stream lasts as long as its body; a stop ends it: Streams#stop_all)
 
     SHED_HEADERS = { "content-type" => "text/plain", "retry-after" => "1" }.freeze
     SHED_BODY = ["Service Unavailable: the server is overloaded, retry shortly\n"].freeze
@@ -46,8 +49,9 @@ module Blackbuck
     ERR = Native::Poller::ERR
 
     # fd => Conn of every connection this worker owns (the loop looks its events up here); the
-    # connections whose pipelined request waits its turn (#serve_ready); requests served.
-    attr_reader :table, :ready, :served
+    # connections whose pipelined request waits its turn (#serve_ready); requests served; the
+    # write_timeout (Streams: a stream waiting for its client).
+    attr_reader :table, :ready, :served, :write_timeout
     # Mirrors of the loop's state, set by Worker when it changes: every app thread has a request;
     # the worker accepts nothing (a closed connection may let it resume).
     attr_writer :saturated, :paused
@@ -83,10 +87,12 @@ module Blackbuck
       @shed = @max_queue_time.positive?
     end
 
-    def start(poller, runner, balancer)
+    # streams: the worker's Streams (the streams setting, one app thread), or nil.
+    def start(poller, runner, balancer, streams = nil)
       @poller = poller
       @runner = runner
       @balancer = balancer
+      @streams = streams
     end
 
     def size = @conns.size
@@ -129,6 +135,7 @@ module Blackbuck
       # closing) or writable (a 100 Continue went out). Looked at again once the app is done
       # (#finish_response watches it again).
       elsif state == BUSY then @poller.unwatch(conn)
+      elsif state == STREAM then @streams.on_event(conn, ev) # (hung up, writable, or a next request)
       else
         if ev & OUT != 0
           flush_interim(conn)
@@ -211,6 +218,29 @@ module Blackbuck
       @conns.each_value { |c| c.shorten_deadline(drain_until) if c.state == IDLE }
     end
 
+    # A stream's body waits on its fiber (Response::STREAMING), or waits no more for its client
+    # (draining false), or does (true: write_timeout from now, and watched for OUT). read: its input is
+    # read meanwhile (a hang-up, a next request; Streams#on_event), false once enough of it is.
+    def stream_wait(conn, draining, read = true)
+      conn.enter(STREAM, draining ? @write_timeout : STREAM_SECONDS)
+      mask = (read ? IN : 0) | (draining ? OUT : 0)
+      mask.zero? ? unwatch(conn) : watch(conn, mask)
+    end
+
+    # A stream ended (its fiber's last run, from the loop; Streams): its connection goes on as an
+    # answered one would (keep-alive, close, drop, or the worker is replaced), and a next request read
+    # meanwhile is served.
+    def stream_ended(conn, mode)
+      return if conn.closed? || !@conns[conn.fd].equal?(conn)
+
+      go_on = if mode == Response::DONE || mode == Response::WRITTEN
+                answered(conn, mode, true)
+              else
+                after_response(conn, mode)
+              end
+      progress(conn, IDLE, now) if go_on
+    end
+
     # A forced stop: every connection closes now, but an app thread's (it ends with the process).
     def drop_all
       @conns.values.each { |c| drop(c) unless c.state == BUSY }
@@ -228,6 +258,7 @@ module Blackbuck
         if c.deadline <= t
           case c.state
           when HEAD, BODY then reject(c, 408)
+          when STREAM then @streams.too_slow(c) # its fiber waited write_timeout for the client
           when IDLE then @stopping && c.unsent.positive? ? c.extend_deadline(@stop_idle_seconds) : close(c)
           else drop(c)
           end
@@ -304,6 +335,7 @@ module Blackbuck
       when Response::DONE, Response::WRITTEN then return answered(conn, mode)
       when Response::CLOSE then close(conn)
       when Response::DROP then drop(conn)
+      when Response::STREAMING then stream_wait(conn, @streams.draining?(conn))
       when Response::RETIRE_WRITTEN, Response::RETIRE_CLOSE, Response::RETIRE_DROP
         @replace.call("its request timed out or left the process unsafe (logged above)")
         return answered(conn) if mode == Response::RETIRE_WRITTEN
@@ -315,8 +347,8 @@ module Blackbuck
 
     # The response is written (DONE) or maybe partly queued (WRITTEN): wait for the client to take
     # the rest, or go on (true: with the next request, read already; #progress).
-    def answered(conn, mode = Response::WRITTEN)
-      return finish_response(conn) unless mode != Response::DONE && conn.pending_output?
+    def answered(conn, mode = Response::WRITTEN, rewatch = @rewatch)
+      return finish_response(conn, rewatch) unless mode != Response::DONE && conn.pending_output?
 
       conn.enter(WRITE, @write_timeout)
       watch(conn, OUT)

@@ -27,6 +27,7 @@ module Blackbuck
     HIJACKED = :hijacked # the app took the socket (rack.hijack)
     CLOSE = :close       # the answer is complete (an error status) or cut short: close in stages
     DROP = :drop         # the client is gone: close at once
+    STREAMING = :streaming # the body waits on a stream's fiber (Streams): the connection is STREAM until it ends
     # As WRITTEN / CLOSE / DROP, and the worker is replaced (it retires once the connection is seen to):
     # a request timeout was raised in the app (whether or not the app rescued it: Rails' ShowExceptions
     # does, and answers itself), or the app raised an exception after which the process is not to be
@@ -35,7 +36,7 @@ module Blackbuck
     RETIRE_CLOSE = :retire_close
     RETIRE_DROP = :retire_drop
     RETIRE = { DONE => RETIRE_WRITTEN, WRITTEN => RETIRE_WRITTEN, CLOSE => RETIRE_CLOSE, DROP => RETIRE_DROP,
-               HIJACKED => HIJACKED }.freeze
+               HIJACKED => HIJACKED, STREAMING => STREAMING }.freeze
     # Exceptions outside StandardError that are answered 500 (as every app error is) and then replace
     # the worker: memory ran out, the app called `exit` or raised a signal's exception (it meant the
     # process to end). Others (Exception itself, SecurityError) are answered 500 and the worker serves on.
@@ -43,9 +44,11 @@ module Blackbuck
 
     # hand_over: called with the connection when the app hijacks it, before the app gets the socket
     # (the worker must stop watching it then: the app may close it at once); nil when nothing
-    # watches it while the app runs (app threads).
-    def initialize(config, app, logger, hand_over)
+    # watches it while the app runs (app threads). streams: the worker's Streams (the streams setting,
+    # one app thread): a streamed body runs on a fiber of its own; nil: here, as it always did.
+    def initialize(config, app, logger, hand_over, streams: nil)
       @app = app
+      @streams = streams
       @hooks = ConnHooks.new(hand_over)
       @logger = logger
       @timeout = config[:timeout]
@@ -87,6 +90,7 @@ module Blackbuck
       @retire ? RETIRE.fetch(mode) : mode
     ensure
       @notice = nil
+      @retire = false # (a stream's end reads it: Response#finish_later)
     end
 
     private
@@ -114,7 +118,12 @@ module Blackbuck
       return HIJACKED if hooks.hijacked?
       return invalid_response(conn, env, response, hooks) unless triple?(response)
 
-      write(conn, env, status, headers, body, hooks)
+      mode = write(conn, env, status, headers, body, hooks)
+      return mode unless mode == STREAMING
+
+      finish_later(conn, env, status, headers, body, finished)
+      body = finished = nil # (the stream's end closes it and runs them, not #ensure)
+      STREAMING
     rescue RequestTimeout => e
       error = e
       timed_out(e, "request timeout (#{@timeout}s) while writing: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
@@ -122,6 +131,22 @@ module Blackbuck
     ensure
       close_body(body) if body.respond_to?(:close)
       run_finished(finished, env, status, headers, error) unless finished.nil? || finished.empty?
+    end
+
+    # The body waits on its stream's fiber (Streams): it is closed and the rack.response_finished
+    # callbacks run when the stream ends, and its mode becomes a RETIRE one if its end replaces the
+    # worker (a request timeout in a run of the fiber). The callbacks are taken out of the Array the
+    # worker's env templates share: the next request's start empty.
+    def finish_later(conn, env, status, headers, body, finished)
+      callbacks = finished.empty? ? nil : finished.dup
+      finished.clear
+      @streams.ends_with(conn) do |mode|
+        close_body(body) if body.respond_to?(:close)
+        run_finished(callbacks, env, status, headers, nil) if callbacks
+        mode = RETIRE.fetch(mode) if @retire
+        @retire = false
+        mode
+      end
     end
 
     # A request timeout that came back here: logged with its backtrace, and the worker is replaced.
@@ -141,7 +166,6 @@ module Blackbuck
     end
 
     def write(conn, env, status, headers, body, hooks)
-      stage = nil # how far a streamed body got (#stream_each): what a failure can still answer
       status = status_code(status)
       raise TypeError, "response headers must be a Hash, got #{headers.class}" unless headers.is_a?(Hash)
 
@@ -160,14 +184,36 @@ module Blackbuck
         unless body.respond_to?(:each) || body.respond_to?(:call)
           raise InvalidBody, "app returned #{body.nil? ? 'a nil' : "a #{body.class}"} body; a Rack body responds to each or call"
         end
-        if body.respond_to?(:each) && !bodiless?(env, status)
-          mode = stream_each(conn, status, headers, body) { |reached| stage = reached }
-        else
-          mode = conn.write_response(status, headers, nil, false)
-          if streaming?(mode)
-            stage = :sent
-            mode = stream_call(conn, body, mode == Native::Conn::STREAM_CHUNKED)
-          end
+        # A streamed body: on a fiber of its own with the streams setting (Streams: STREAMING when it
+        # waits), else here.
+        return stream(conn, env, status, headers, body, hooks) unless (streams = @streams)
+
+        return streams.start(conn, env) { stream(conn, env, status, headers, body, hooks) }
+      end
+      return DROP if mode == Native::Conn::WRITE_FAILED
+
+      # DONE: all of it is out; WRITTEN: some may wait in the output queue for the client
+      mode == Native::Conn::WRITE_DONE ? DONE : WRITTEN
+    rescue CLOSED
+      DROP
+    rescue RequestTimeout => e
+      timed_out(e, "request timeout (#{@timeout}s) before the body's first part: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      answer_error(conn, 503, hooks)
+    rescue Exception => e # rubocop:disable Lint/RescueException -- the body is the app's code too (#answer)
+      body_failed(conn, env, hooks, nil, e)
+    end
+
+    # An `each` or callable body, written part by part (on a stream's fiber with the streams setting:
+    # then a wait suspends only the fiber). The mode, as #write's.
+    def stream(conn, env, status, headers, body, hooks)
+      stage = nil # how far the body got (#stream_each): what a failure can still answer
+      if body.respond_to?(:each) && !bodiless?(env, status)
+        mode = stream_each(conn, status, headers, body) { |reached| stage = reached }
+      else
+        mode = conn.write_response(status, headers, nil, false)
+        if streaming?(mode)
+          stage = :sent
+          mode = stream_call(conn, body, mode == Native::Conn::STREAM_CHUNKED)
         end
       end
       return DROP if mode == Native::Conn::WRITE_FAILED
@@ -177,27 +223,34 @@ module Blackbuck
     rescue CLOSED
       DROP
     rescue RequestTimeout => e
-      raise if %i[head sent].include?(stage) # the head is out: the response can only be cut short
-
-      timed_out(e, "request timeout (#{@timeout}s) before the body's first part: #{env['REQUEST_METHOD']} #{env['PATH_INFO']}")
+      what = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}"
+      if %i[head sent].include?(stage) # the head is out: the response can only be cut short
+        timed_out(e, "request timeout (#{@timeout}s) while writing: #{what}")
+        return CLOSE
+      end
+      timed_out(e, "request timeout (#{@timeout}s) before the body's first part: #{what}")
       answer_error(conn, 503, hooks)
     rescue Exception => e # rubocop:disable Lint/RescueException -- the body is the app's code too (#answer)
-      # Nothing was written when write_response raised (it validates first), nor when an `each` body
-      # failed before its first part: answer 500. Once a streamed body has begun, its status is out;
-      # the only honest signal left is to end the connection without the final chunk (or short of
-      # Content-Length), so the client sees a truncated body, never a second response spliced into
-      # the first.
+      body_failed(conn, env, hooks, stage, e)
+    end
+
+    # Nothing was written when write_response raised (it validates first), nor when an `each` body
+    # failed before its first part: answer 500. Once a streamed body has begun, its status is out;
+    # the only honest signal left is to end the connection without the final chunk (or short of
+    # Content-Length), so the client sees a truncated body, never a second response spliced into
+    # the first. stage: how far a streamed body got (#stream_each), nil for any other.
+    def body_failed(conn, env, hooks, stage, err)
       request = "#{env['REQUEST_METHOD']} #{env['PATH_INFO']}"
       case stage
       when :sent
-        app_error("body failed after the head was sent, connection closed: #{request}", e)
+        app_error("body failed after the head was sent, connection closed: #{request}", err)
         return CLOSE
-      when :each then app_error("body failed before its first part: #{request}", e)
+      when :each then app_error("body failed before its first part: #{request}", err)
       else
-        if e.is_a?(InvalidBody) || e.is_a?(InvalidResponse)
-          @logger.error("#{e.message}: #{request}")
+        if err.is_a?(InvalidBody) || err.is_a?(InvalidResponse)
+          @logger.error("#{err.message}: #{request}")
         else
-          app_error("invalid response: #{request}", e)
+          app_error("invalid response: #{request}", err)
         end
       end
       answer_error(conn, 500, hooks)
@@ -276,7 +329,10 @@ module Blackbuck
     # An `each` body's head goes out with its first part (or, when it yields none, once `each` has
     # returned), so a body that fails before its first part is still answered 500: nothing of it was
     # sent. Yields how far it got: :each (the body runs, nothing sent), :head (the head is being
-    # written), :sent (the head is out). The write mode (WRITE_FAILED: the client is gone).
+    # written), :sent (the head is out). The write mode (WRITE_FAILED: the client is gone). On a
+    # stream's fiber (@streams): a part past the high-water mark waits for the client (Streams#wrote),
+    # and a stop (StreamStop, raised where the body waits) ends the body: the head if it was not out,
+    # then the last chunk.
     def stream_each(conn, status, headers, body)
       mode = nil
       head = lambda do
@@ -286,10 +342,16 @@ module Blackbuck
         streaming?(mode)
       end
       yield :each
-      body.each do |part|
-        return mode if mode.nil? && !head.call
+      streams = @streams
+      begin
+        body.each do |part|
+          return mode if mode.nil? && !head.call
 
-        conn.write_part(part, mode == Native::Conn::STREAM_CHUNKED) || raise(CLOSED)
+          conn.write_part(part, mode == Native::Conn::STREAM_CHUNKED) || raise(CLOSED)
+          streams&.wrote(conn)
+        end
+      rescue StreamStop
+        raise unless streams
       end
       return mode if mode.nil? && !head.call
 
@@ -297,10 +359,15 @@ module Blackbuck
       Native::Conn::WRITE_DONE
     end
 
-    # A Rack 3 callable body: its head is out already, the app writes the body to a stream.
+    # A Rack 3 callable body: its head is out already, the app writes the body to a stream. A stop
+    # ends it as it ends an `each` body (#stream_each).
     def stream_call(conn, body, chunked)
-      out = Stream.new(conn, chunked)
-      body.call(out)
+      out = Stream.new(conn, chunked, @streams)
+      begin
+        body.call(out)
+      rescue StreamStop
+        raise unless @streams
+      end
       out.close
       conn.finish_body(chunked) || raise(CLOSED)
       Native::Conn::WRITE_DONE
@@ -333,10 +400,13 @@ module Blackbuck
     end
 
     # The stream handed to a Rack 3 callable body: writes go out framed (chunked when needed).
+    # streams: the worker's Streams when the body runs on a stream's fiber (a write past the
+    # high-water mark waits for the client there), else nil.
     class Stream
-      def initialize(conn, chunked)
+      def initialize(conn, chunked, streams = nil)
         @conn = conn
         @chunked = chunked
+        @streams = streams
         @closed = false
       end
 
@@ -345,6 +415,7 @@ module Blackbuck
 
         data = data.to_s
         @conn.write_part(data, @chunked) || raise(CLOSED)
+        @streams&.wrote(@conn)
         data.bytesize
       end
 

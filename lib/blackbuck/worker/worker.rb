@@ -9,6 +9,7 @@ require_relative "response"
 require_relative "connections"
 require_relative "app_runner"
 require_relative "balancer"
+require_relative "streams"
 require_relative "episode"
 require_relative "../memory"
 require_relative "../master/worker_exits"
@@ -37,6 +38,7 @@ module Blackbuck
     WRITE = Connections::WRITE
     BUSY = Connections::BUSY
     LINGER = Connections::LINGER
+    STREAM = Connections::STREAM
 
     ACCEPT_BATCH = 64    # connections accepted per listener wake-up
     PIPELINE_BATCH = Connections::PIPELINE_BATCH
@@ -46,6 +48,7 @@ module Blackbuck
                              # header (the spec: at least 3, for a TCP retransmit); header_timeout if shorter
 
     QUEUE_TIME = "blackbuck.queue_time" # env key: seconds the request waited for the app (Float)
+    NO_TIMERS = [].freeze # the stream timers' stand-in without streams (the loop asks only `empty?`)
 
     attr_reader :index, :config, :logger, :scoreboard
 
@@ -81,13 +84,16 @@ module Blackbuck
       @memory = Memory.new(config) # max_memory_per_child, out-of-band GC
       @woke_at = now # when the loop last woke: what is readable arrived by then (the rooms get it as an argument)
       @request = Request.new(config, logger)
-      connections_port, runner_port, balancer_port = ports
+      connections_port, runner_port, balancer_port, streams_port = ports
       # Every connection's state machine; its table is the one the loop looks events up in.
       @connections = Connections.new(connections_port, config, @request, scoreboard, index,
                                      rewatch: @multithread, requests_limit: requests_limit)
       @conns = @connections.table
       @ready = @connections.ready
-      @response = Response.new(config, app, logger, @connections.method(:hand_over))
+      # Streamed bodies on fibers of their own (the streams setting; one app thread: with app threads a
+      # body holds its thread, as before). nil: no stream object exists, and no response calls one.
+      @streams = (Streams.new(streams_port, scoreboard, index, logger) if config[:streams] && !@multithread)
+      @response = Response.new(config, app, logger, @connections.method(:hand_over), streams: @streams)
       # Who runs the app: this thread (Inline) or the app threads (Threads); the loop never asks which.
       @runner = if @multithread
                   AppRunner::Threads.new(runner_port, config, app, @request, scoreboard, index, logger)
@@ -117,7 +123,9 @@ module Blackbuck
         @poller.add(l.fd, Native::Poller::EXCLUSIVE)
       end
       @poller.add(@control.fileno, Native::Poller::IN)
-      @connections.start(@poller, @runner, @balancer)
+      @streams&.start_loop(@poller, @connections) # (the fiber scheduler of this thread from here on)
+      @timers = @streams ? @streams.timers : NO_TIMERS
+      @connections.start(@poller, @runner, @balancer, @streams)
       @balancer.start(@poller, @listeners.each_with_index.map { |l, i| [@templates[i], l.tcp?].freeze }.freeze)
       @handoff_fd = @balancer.fd
       @scoreboard.reset(@index, Process.pid)
@@ -129,6 +137,7 @@ module Blackbuck
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
       loop_until_done
+      end_streams # (a stream's body is the app's code: before Ruby's own majors come back, #memory.stop)
       @memory.stop
       @runner.stop
       @balancer.stop
@@ -146,6 +155,15 @@ module Blackbuck
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
     private # (the rooms call none of these: only what their ports hold, #ports)
+
+    # The loop is over: streams still open end now (StreamStop; a forced stop, or a mold to fork: the
+    # mold holds no stream), and the fiber scheduler is taken off the thread.
+    def end_streams
+      return unless @streams
+
+      @streams.stop_all if @streams.size.positive?
+      Fiber.set_scheduler(nil)
+    end
 
     def pause_accepting
       return if @paused
@@ -239,7 +257,10 @@ module Blackbuck
           pause_accepting if @balancer.saturated
         end
       )
-      [connections, runner, Balancer::Port.new(pause_accepting: -> { pause_accepting })]
+      # A stream's fiber runs again from the loop: the app's time (AppRunner::Inline's clock and timeout).
+      streams = Streams::Port.new(run_begin: ->(method, path) { @runner.stream_run_begin(method, path) },
+                                  run_end: -> { @runner.stream_run_end })
+      [connections, runner, Balancer::Port.new(pause_accepting: -> { pause_accepting }), streams]
     end
 
     # Each listener's env template, which C copies for every request it parses. Without app threads
@@ -309,8 +330,11 @@ module Blackbuck
             accept_stranded if @balancer.adopt_one(@woke_at) # a wake-up without a connection
           elsif fd == @control.fileno
             on_control
+          elsif @streams # the scheduler's wake-up pipe, or a descriptor a stream's body waits on
+            @streams.on_fd(fd, ev)
           end
         end
+        @streams.run_timers(@woke_at) unless @timers.empty?
         @connections.serve_ready(@woke_at) unless @ready.empty?
         @balancer.move_waiting(@woke_at) if @saturated
         tick if @stop_signals > @stop_signals_seen || @timeout_notices > @timeout_notices_seen || @reopen_logs ||
@@ -321,6 +345,7 @@ module Blackbuck
     def wait_ms
       t = @next_tick
       t = @balancer.next_look(t, @woke_at) if @saturated # requests queued for a thread may move (Balancer#move_waiting)
+      t = @streams.next_deadline(t) unless @timers.empty? # a stream's body sleeps, or waits with a timeout
       ms = ((t - Process.clock_gettime(Process::CLOCK_MONOTONIC)) * 1000).ceil # (#now, once a turn)
       ms.clamp(1, 1000)
     end
@@ -439,6 +464,7 @@ module Blackbuck
     def force_stop(why)
       begin_graceful_stop(why)
       @logger.info("worker #{@index} (pid #{Process.pid}) forcing the stop: closing #{@conns.size} connections")
+      @streams.stop_all if @streams&.size&.positive? # (each ends with its last chunk, then closes below)
       @connections.drop_all
       @exit = true
     end
@@ -468,6 +494,8 @@ module Blackbuck
       @scoreboard.tick(@index, @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE, @conns.size)
       @balancer.tick(@paused)
       @runner.tick
+      # graceful_timeout is over: each open stream ends now (StreamStop where it waits; its last chunk)
+      @streams.stop_all if @stopping && t >= @stop_deadline && @streams&.size&.positive?
       $0 = "blackbuck worker #{@index}#{' (stopping)' if @stopping}#{' (forking the mold)' if @role == :mold} requests: #{@connections.served} connections: #{@conns.size}"
       @exit = true if @stopping && (t >= @stop_deadline || drained?)
     end
