@@ -3,6 +3,8 @@
 require "minitest/autorun"
 require "tmpdir"
 require "fileutils"
+require "open3"
+require "json"
 require_relative "../../lib/blackbuck/memory"
 
 # Memory#over_limit reads statm (RSS) and, only when RSS is over max_memory_per_child,
@@ -278,26 +280,40 @@ class MemoryMajorGCTest < Minitest::Test
 
   # This Ruby's GC: with full marks off, allocation that needs a major (malloc'd memory past the
   # oldmalloc limit) gets need_major_by set and no major run; Memory then says a GC is due and
-  # #collect runs the major.
-  def test_this_rubys_gc_flags_a_major_and_collect_runs_it
-    skip "GC.config(rgengc_allow_full_mark:) is Ruby >= 3.4's; this is #{RUBY_VERSION}" unless Memory.major_gc_control?
-    @gc = GC
-    m = memory
+  # #collect runs the major. In a Ruby of its own: in the test process, what other tests left (their
+  # threads, a GC one of them starts, limits grown by their heaps) could run or delay the major.
+  PROBE = <<~RUBY
+    require "json"
+    require "blackbuck/memory"
+    m = Blackbuck::Memory.new({ oob_gc: 0, oob_gc_auto: false, oob_major_gc: true, max_memory_per_child: 0 },
+                              proc: "/nonexistent")
     m.start
-    refute GC.config[:rgengc_allow_full_mark]
-    majors = GC.stat(:major_gc_count)
+    out = { "full_mark_off" => !GC.config[:rgengc_allow_full_mark], "majors" => GC.stat(:major_gc_count) }
     400.times do
       20.times { "x" * 100_000 } # 2 MB malloc'd, freed by minor GCs
       break if GC.latest_gc_info(:need_major_by)
     end
-    refute_nil GC.latest_gc_info(:need_major_by), "Ruby flagged a major"
-    assert_equal majors, GC.stat(:major_gc_count), "and ran none itself"
-    assert m.gc_due?(1)
+    out["flagged"] = GC.latest_gc_info(:need_major_by)&.to_s
+    out["majors_then"] = GC.stat(:major_gc_count)
+    out["due"] = m.gc_due?(1)
     m.collect
-    assert_equal majors + 1, GC.stat(:major_gc_count)
-    assert_nil GC.latest_gc_info(:need_major_by)
-    refute m.gc_due?(2)
-  ensure
-    GC.config(rgengc_allow_full_mark: true) if Memory.major_gc_control?
+    out.merge!("majors_after" => GC.stat(:major_gc_count), "flag_after" => GC.latest_gc_info(:need_major_by),
+               "due_after" => m.gc_due?(2))
+    print JSON.generate(out)
+  RUBY
+
+  def test_this_rubys_gc_flags_a_major_and_collect_runs_it
+    skip "GC.config(rgengc_allow_full_mark:) is Ruby >= 3.4's; this is #{RUBY_VERSION}" unless Memory.major_gc_control?
+    lib = File.expand_path("../../lib", __dir__)
+    out, status = Open3.capture2(RbConfig.ruby, "-I#{lib}", "-e", PROBE)
+    assert status.success?, out
+    r = JSON.parse(out)
+    assert r["full_mark_off"]
+    refute_nil r["flagged"], "Ruby flagged a major"
+    assert_equal r["majors"], r["majors_then"], "and ran none itself"
+    assert r["due"]
+    assert_equal r["majors"] + 1, r["majors_after"]
+    assert_nil r["flag_after"]
+    refute r["due_after"]
   end
 end
