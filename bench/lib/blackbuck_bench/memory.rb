@@ -181,11 +181,11 @@ module BlackbuckBench
     # The app's production environment (bench-env.json, written by the generator) for every server.
     # Blackbuck in the app's bundle; the peers outside it, with the Rails gem directory on GEM_PATH
     # (see Servers::MEMORY_BASE).
-    def self.env(recipe, app_dir = Servers::MEMORY_APP_DIR)
+    def self.env(recipe, app_dir = Servers.memory_app_dir)
       extra = JSON.parse(File.read(File.join(app_dir, MemoryRailsApp::ENV_FILE))).merge(recipe.env)
       unless recipe.bundled?
         env = Machine.server_env(bundled: false, extra: extra)
-        rails_gems = File.join(MemoryRailsApp.gem_dir(ServerRuby.current), "ruby", ServerRuby.current.abi)
+        rails_gems = MemoryRailsApp.abi_gem_dir(ServerRuby.current)
         env["GEM_PATH"] = [Servers.gem_home, rails_gems, *ServerRuby.current.default_gem_path].uniq.join(":")
         return env
       end
@@ -245,14 +245,16 @@ module BlackbuckBench
 
     private
 
-    # nil once the app is there: generated now if it is not (or its generator changed), which
-    # takes about 20 s; else why the rows are absent.
+    # nil once the app is there: generated now for the run's Ruby if it is not (or its generator
+    # changed), which takes about 20 s (Rails 8.1: about a minute); else why the rows are absent.
     def app_absent_reason
-      dir = Servers::MEMORY_APP_DIR
+      dir = Servers.memory_app_dir
       return nil if MemoryRailsApp.ready?(dir)
 
-      @log.call("memory: generating the Rails app in #{dir} (bench/apps/memory_rails/generate.rb)")
-      MemoryRailsApp.generate(dir)
+      ruby = ServerRuby.current
+      @log.call("memory: generating the Rails #{MemoryRailsApp.rails_for(ruby.full_version).version} app for Ruby " \
+                "#{ruby.full_version} in #{dir} (bench/apps/memory_rails/generate.rb)")
+      MemoryRailsApp.generate(dir, ruby)
       nil
     rescue StandardError => e
       "the Rails app #{dir} could not be generated: #{e.message.tr("\n", ' ')}"
