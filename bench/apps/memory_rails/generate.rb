@@ -217,7 +217,7 @@ module MemoryRailsApp
       children.each do |parent, kids|
         file = "app/models/#{parent}.rb"
         lines = kids.map { |k| "  has_many :#{MemoryRailsApp.plural(k)}, dependent: :destroy\n" }
-        edit(file, /^class .*\n/) { |m| m + lines.join }
+        edit(file, /^class .*\n/, done: /^#{Regexp.escape(lines.first)}/) { |m| m + lines.join }
       end
     end
 

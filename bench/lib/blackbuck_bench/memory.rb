@@ -86,38 +86,41 @@ module BlackbuckBench
       }
     end
 
-    # The issue's targets: Blackbuck's row over a peer's, for one metric, at most `limit`. Same
-    # run; no YJIT unless the rows say so. The warm-up + refork targets are met with the whole of
-    # docs/DEPLOY.md's "Memory" advice (jemalloc too; with YJIT, a 64 MiB code region): the issue's
-    # own measurements, from which its limits come, are of that configuration. A target without a
-    # limit is a comparison only, shown beside them: the same configuration against Pitchfork on
-    # the same allocator and code region, and without jemalloc.
+    # The issues' targets: Blackbuck's row over a peer's, for one metric, at most `limit`, rows of
+    # the same run. Issue 34: the same allocator on both sides of each ratio, so every limit is
+    # checked twice, both rows on glibc and both on jemalloc (LD_PRELOAD of Debian's libjemalloc2;
+    # blackbuck-warmup-refork-jemalloc gets the same library by its `jemalloc true` directive,
+    # which restarts the command with it in LD_PRELOAD), and with YJIT both rows with YJIT at the
+    # same settings. A target without a limit is a comparison only, shown beside them: DEPLOY.md's
+    # whole advice against Pitchfork on glibc as it runs by default (issue 24's way of reading its
+    # limits: not the same allocator), and YJIT's 64 MiB code region on both sides.
     Target = Struct.new(:label, :server, :base, :metric, :limit, keyword_init: true)
 
-    TARGETS = [
-      Target.new(label: "reforking alone: USS per worker", server: "blackbuck-refork", base: "pitchfork-refork",
-                 metric: "uss_kb_per_worker", limit: 0.8),
-      Target.new(label: "warmup + refork (+ jemalloc): USS per worker", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork", metric: "uss_kb_per_worker", limit: 0.65),
-      Target.new(label: "warmup + refork (+ jemalloc): total PSS", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork", metric: "total_pss_kb", limit: 0.8),
-      Target.new(label: "warmup + refork (+ jemalloc), YJIT (64 MiB): total PSS",
-                 server: "blackbuck-warmup-refork-jemalloc+yjit64", base: "pitchfork-refork+yjit",
-                 metric: "total_pss_kb", limit: 0.7),
-      Target.new(label: "defaults: USS per worker", server: "blackbuck-defaults", base: "unicorn-preload",
-                 metric: "uss_kb_per_worker", limit: 1.0),
-      Target.new(label: "(comparison) warmup + refork, glibc: USS per worker", server: "blackbuck-warmup-refork",
-                 base: "pitchfork-refork", metric: "uss_kb_per_worker"),
-      Target.new(label: "(comparison) warmup + refork, glibc: total PSS", server: "blackbuck-warmup-refork",
-                 base: "pitchfork-refork", metric: "total_pss_kb"),
-      Target.new(label: "(comparison) both on jemalloc: USS per worker", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork-jemalloc", metric: "uss_kb_per_worker"),
-      Target.new(label: "(comparison) both on jemalloc: total PSS", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork-jemalloc", metric: "total_pss_kb"),
-      Target.new(label: "(comparison) both on jemalloc, YJIT 64 MiB: total PSS",
+    # [label, Blackbuck row, peer row, metric, limit], each on glibc (as named) and on jemalloc
+    LIMITS = [
+      ["reforking alone: USS per worker", "blackbuck-refork", "pitchfork-refork", "uss_kb_per_worker", 0.8],
+      ["warmup + refork: USS per worker", "blackbuck-warmup-refork", "pitchfork-refork", "uss_kb_per_worker", 0.65],
+      ["warmup + refork: total PSS", "blackbuck-warmup-refork", "pitchfork-refork", "total_pss_kb", 0.8],
+      ["warmup + refork, YJIT: total PSS", "blackbuck-warmup-refork+yjit", "pitchfork-refork+yjit", "total_pss_kb", 0.7],
+      ["defaults: USS per worker", "blackbuck-defaults", "unicorn-preload", "uss_kb_per_worker", 1.0]
+    ].freeze
+
+    # The row's name on jemalloc: -jemalloc before a YJIT suffix (the names Servers::MEMORY makes).
+    def self.on_jemalloc(name) = name.sub(/(\+yjit\d*)?\z/) { "-jemalloc#{Regexp.last_match(1)}" }
+
+    TARGETS = (LIMITS.flat_map do |label, server, base, metric, limit|
+      [Target.new(label: "#{label} (glibc, both)", server: server, base: base, metric: metric, limit: limit),
+       Target.new(label: "#{label} (jemalloc, both)", server: on_jemalloc(server), base: on_jemalloc(base),
+                  metric: metric, limit: limit)]
+    end + [
+      Target.new(label: "(comparison) warmup + refork + jemalloc against Pitchfork on glibc: USS per worker",
+                 server: "blackbuck-warmup-refork-jemalloc", base: "pitchfork-refork", metric: "uss_kb_per_worker"),
+      Target.new(label: "(comparison) warmup + refork + jemalloc against Pitchfork on glibc: total PSS",
+                 server: "blackbuck-warmup-refork-jemalloc", base: "pitchfork-refork", metric: "total_pss_kb"),
+      Target.new(label: "(comparison) warmup + refork, YJIT 64 MiB, jemalloc, both: total PSS",
                  server: "blackbuck-warmup-refork-jemalloc+yjit64", base: "pitchfork-refork-jemalloc+yjit64",
                  metric: "total_pss_kb")
-    ].freeze
+    ]).freeze
 
     # summaries: { server name => summarize(...) } of the rows measured. => one hash per target;
     # "pass" is nil (and "missing" names why) when either row has no figure.
