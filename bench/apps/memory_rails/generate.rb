@@ -176,6 +176,43 @@ module MemoryRailsApp
 
     def path(rel) = File.join(@dir, rel)
 
+    # Production as a deploy without TLS has it; the public file server on. Rails 7.2: force_ssl is
+    # on as generated (turned off here) and Action Cable's production adapter is Redis (async here:
+    # no Redis in the benchmark). Rails 8.1 with Kamal (the default) writes force_ssl commented
+    # out and runs Action Cable on Solid Cable (SQLite): both kept as generated. Each edit is
+    # skipped when its result is there already, and raises naming the file and the line it wanted
+    # when neither is (a Rails whose files changed must not be measured half-configured).
+    def configure_production
+      prod = "config/environments/production.rb"
+      edit(prod, /^  config\.force_ssl = true$/, done: /^\s*(# ?config\.force_ssl = true|config\.force_ssl = false)$/) do
+        "  # The benchmark speaks plain HTTP: no redirect to https.\n  config.force_ssl = false"
+      end
+      edit(prod, /^end\s*\z/, done: /^  config\.public_file_server\.enabled = true$/) do
+        "  # Assets from public/ by the app itself (no nginx in front in the benchmark).\n" \
+          "  config.public_file_server.enabled = true\nend\n"
+      end
+      if @rails.rails8?
+        edit("config/cable.yml", nil, done: /^production:\n  adapter: solid_cable$/)
+      else
+        edit("config/cable.yml", /^production:\n(  .*\n)+/, done: /^production:\n  adapter: async\n\z/) do
+          "production:\n  adapter: async\n"
+        end
+      end
+      # the harness's readiness probe asks for / and wants a 200
+      edit("config/routes.rb", /^Rails\.application\.routes\.draw do\n/, done: /^  root "posts#index"$/) do |m|
+        %(#{m}  root "posts#index"\n)
+      end
+    end
+
+    # Rails 7.2's database.yml names no production database (DATABASE_URL does); Rails 8.1's
+    # names four (primary, cache, queue, cable) in storage/, used as generated.
+    def production_env
+      env = { "RAILS_ENV" => "production", "RACK_ENV" => "production", "SECRET_KEY_BASE" => @secret }
+      return env if @rails.rails8?
+
+      env.merge("RAILS_SERVE_STATIC_FILES" => "1", "DATABASE_URL" => "sqlite3:storage/production.sqlite3")
+    end
+
     private
 
     # The browser suite's bundle (the gemfile with this Ruby's lockfile, test/matrix.rb), whose
@@ -241,43 +278,6 @@ module MemoryRailsApp
         seeds << "#{count}.times { |i| #{model}.create!(#{fields.join(', ')}) }\n"
       end
       File.write(path("db/seeds.rb"), seeds)
-    end
-
-    # Production as a deploy without TLS has it; the public file server on. Rails 7.2: force_ssl is
-    # on as generated (turned off here) and Action Cable's production adapter is Redis (async here:
-    # no Redis in the benchmark). Rails 8.1 with Kamal (the default) writes force_ssl commented
-    # out and runs Action Cable on Solid Cable (SQLite): both kept as generated. Each edit is
-    # skipped when its result is there already, and raises naming the file and the line it wanted
-    # when neither is (a Rails whose files changed must not be measured half-configured).
-    def configure_production
-      prod = "config/environments/production.rb"
-      edit(prod, /^  config\.force_ssl = true$/, done: /^\s*(# ?config\.force_ssl = true|config\.force_ssl = false)$/) do
-        "  # The benchmark speaks plain HTTP: no redirect to https.\n  config.force_ssl = false"
-      end
-      edit(prod, /^end\s*\z/, done: /^  config\.public_file_server\.enabled = true$/) do
-        "  # Assets from public/ by the app itself (no nginx in front in the benchmark).\n" \
-          "  config.public_file_server.enabled = true\nend\n"
-      end
-      if @rails.rails8?
-        edit("config/cable.yml", nil, done: /^production:\n  adapter: solid_cable$/)
-      else
-        edit("config/cable.yml", /^production:\n(  .*\n)+/, done: /^production:\n  adapter: async\n\z/) do
-          "production:\n  adapter: async\n"
-        end
-      end
-      # the harness's readiness probe asks for / and wants a 200
-      edit("config/routes.rb", /^Rails\.application\.routes\.draw do\n/, done: /^  root "posts#index"$/) do |m|
-        %(#{m}  root "posts#index"\n)
-      end
-    end
-
-    # Rails 7.2's database.yml names no production database (DATABASE_URL does); Rails 8.1's
-    # names four (primary, cache, queue, cable) in storage/, used as generated.
-    def production_env
-      env = { "RAILS_ENV" => "production", "RACK_ENV" => "production", "SECRET_KEY_BASE" => @secret }
-      return env if @rails.rails8?
-
-      env.merge("RAILS_SERVE_STATIC_FILES" => "1", "DATABASE_URL" => "sqlite3:storage/production.sqlite3")
     end
 
     # Replaces pattern in rel by the block's text, unless done matches already (the edit's result
