@@ -115,26 +115,44 @@ class MemoryTest < Minitest::Test
 
   def test_targets_pass_fail_and_missing
     s = summaries("blackbuck-refork": [40_000, 0], "pitchfork-refork": [50_000, 300_000],
-                  "blackbuck-warmup-refork-jemalloc": [33_000, 230_000], "blackbuck-defaults": [65_000, 0],
-                  "unicorn-preload": [64_000, 0], "blackbuck-warmup-refork": [39_000, 300_000])
+                  "blackbuck-warmup-refork-jemalloc": [33_000, 230_000], "pitchfork-refork-jemalloc": [45_000, 280_000],
+                  "blackbuck-defaults": [65_000, 0], "unicorn-preload": [64_000, 0],
+                  "blackbuck-warmup-refork": [32_000, 300_000])
     t = Memory.evaluate(s).to_h { |x| [x["label"], x] }
-    refork = t["reforking alone: USS per worker"]
+    refork = t["reforking alone: USS per worker (glibc, both)"]
     assert_in_delta 0.8, refork["ratio"]
     assert refork["pass"], "0.8 is within <= 0.8x"
-    uss = t["warmup + refork (+ jemalloc): USS per worker"]
-    assert_in_delta 0.66, uss["ratio"]
-    assert_equal false, uss["pass"]
-    assert_in_delta 0.767, t["warmup + refork (+ jemalloc): total PSS"]["ratio"], 0.001
-    assert t["warmup + refork (+ jemalloc): total PSS"]["pass"]
-    defaults = t["defaults: USS per worker"]
+    uss = t["warmup + refork: USS per worker (glibc, both)"]
+    assert_in_delta 0.64, uss["ratio"]
+    assert uss["pass"]
+    assert_equal false, t["warmup + refork: total PSS (glibc, both)"]["pass"], "300,000 / 300,000 > 0.8"
+    jemalloc = t["warmup + refork: USS per worker (jemalloc, both)"]
+    assert_equal %w[blackbuck-warmup-refork-jemalloc pitchfork-refork-jemalloc], [jemalloc["server"], jemalloc["base"]]
+    assert_in_delta 0.733, jemalloc["ratio"], 0.001
+    assert_equal false, jemalloc["pass"]
+    assert_in_delta 0.821, t["warmup + refork: total PSS (jemalloc, both)"]["ratio"], 0.001
+    defaults = t["defaults: USS per worker (glibc, both)"]
     assert_equal false, defaults["pass"], "65,000 > 64,000: more than Unicorn's"
-    yjit = t["warmup + refork (+ jemalloc), YJIT (64 MiB): total PSS"]
+    yjit = t["warmup + refork, YJIT: total PSS (jemalloc, both)"]
     assert_nil yjit["pass"]
-    assert_equal "blackbuck-warmup-refork-jemalloc+yjit64 and pitchfork-refork+yjit", yjit["missing"]
-    glibc = t["(comparison) warmup + refork, glibc: USS per worker"]
-    assert_in_delta 0.78, glibc["ratio"]
-    assert_nil glibc["pass"], "a comparison has no limit to pass or fail"
-    assert_nil glibc["missing"]
+    assert_equal "blackbuck-warmup-refork-jemalloc+yjit and pitchfork-refork-jemalloc+yjit", yjit["missing"]
+    across = t["(comparison) warmup + refork + jemalloc against Pitchfork on glibc: USS per worker"]
+    assert_in_delta 0.66, across["ratio"]
+    assert_nil across["pass"], "a comparison has no limit to pass or fail"
+    assert_nil across["missing"]
+  end
+
+  # issue 34: every limit with the same allocator on both sides, glibc and jemalloc
+  def test_every_limit_is_checked_on_glibc_and_on_jemalloc_alike
+    limited = Memory::TARGETS.select(&:limit)
+    assert_equal Memory::LIMITS.size * 2, limited.size
+    limited.each do |t|
+      assert_equal t.server.include?("jemalloc"), t.base.include?("jemalloc"), "#{t.label}: one allocator on both sides"
+      yjit = t.server[/\+yjit\d*\z/]
+      yjit ? assert_equal(yjit, t.base[/\+yjit\d*\z/], "#{t.label}: YJIT alike") : assert_nil(t.base[/\+yjit/], t.label)
+    end
+    assert_equal "pitchfork-refork-jemalloc+yjit", Memory.on_jemalloc("pitchfork-refork+yjit")
+    assert_equal "blackbuck-defaults-jemalloc", Memory.on_jemalloc("blackbuck-defaults")
   end
 
   def test_targets_name_rows_that_exist
@@ -212,9 +230,9 @@ class MemoryTest < Minitest::Test
     md = File.read(File.join(dir, "latest.md"))
     assert_match(/\| blackbuck-refork \| 40,000 \| 40,000–40,000 \| .* \| 6,000 \| 3\.4 \(2\) \| 0 \| – \|/, md)
     assert_match(/\| blackbuck-warmup \| \*\*failed\*\* \| boot: exited during boot; log tail: unknown directive warmup/, md)
-    assert_match(/\| reforking alone: USS per worker \| blackbuck-refork \| pitchfork-refork \| uss_kb_per_worker \| 0\.80 \| ≤ 0\.8 \| \*\*pass\*\* \|/, md)
-    assert_match(/defaults: USS per worker .* n\/a \(blackbuck-defaults and unicorn-preload not measured\)/, md)
-    assert_match(/\| \(comparison\) warmup \+ refork, glibc: USS per worker .* \| – \| n\/a \(blackbuck-warmup-refork not measured\) \|/, md)
+    assert_match(/\| reforking alone: USS per worker \(glibc, both\) \| blackbuck-refork \| pitchfork-refork \| uss_kb_per_worker \| 0\.80 \| ≤ 0\.8 \| \*\*pass\*\* \|/, md)
+    assert_match(/defaults: USS per worker \(glibc, both\) .* n\/a \(blackbuck-defaults and unicorn-preload not measured\)/, md)
+    assert_match(/\| \(comparison\) warmup \+ refork \+ jemalloc against Pitchfork on glibc: USS per worker .* \| – \| n\/a \(blackbuck-warmup-refork-jemalloc not measured\) \|/, md)
     assert_equal Memory::TARGETS.size, report.document["memory_targets"].size
   end
 end

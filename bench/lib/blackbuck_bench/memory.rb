@@ -86,38 +86,41 @@ module BlackbuckBench
       }
     end
 
-    # The issue's targets: Blackbuck's row over a peer's, for one metric, at most `limit`. Same
-    # run; no YJIT unless the rows say so. The warm-up + refork targets are met with the whole of
-    # docs/DEPLOY.md's "Memory" advice (jemalloc too; with YJIT, a 64 MiB code region): the issue's
-    # own measurements, from which its limits come, are of that configuration. A target without a
-    # limit is a comparison only, shown beside them: the same configuration against Pitchfork on
-    # the same allocator and code region, and without jemalloc.
+    # The issues' targets: Blackbuck's row over a peer's, for one metric, at most `limit`, rows of
+    # the same run. Issue 34: the same allocator on both sides of each ratio, so every limit is
+    # checked twice, both rows on glibc and both on jemalloc (LD_PRELOAD of Debian's libjemalloc2;
+    # blackbuck-warmup-refork-jemalloc gets the same library by its `jemalloc true` directive,
+    # which restarts the command with it in LD_PRELOAD), and with YJIT both rows with YJIT at the
+    # same settings. A target without a limit is a comparison only, shown beside them: DEPLOY.md's
+    # whole advice against Pitchfork on glibc as it runs by default (issue 24's way of reading its
+    # limits: not the same allocator), and YJIT's 64 MiB code region on both sides.
     Target = Struct.new(:label, :server, :base, :metric, :limit, keyword_init: true)
 
-    TARGETS = [
-      Target.new(label: "reforking alone: USS per worker", server: "blackbuck-refork", base: "pitchfork-refork",
-                 metric: "uss_kb_per_worker", limit: 0.8),
-      Target.new(label: "warmup + refork (+ jemalloc): USS per worker", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork", metric: "uss_kb_per_worker", limit: 0.65),
-      Target.new(label: "warmup + refork (+ jemalloc): total PSS", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork", metric: "total_pss_kb", limit: 0.8),
-      Target.new(label: "warmup + refork (+ jemalloc), YJIT (64 MiB): total PSS",
-                 server: "blackbuck-warmup-refork-jemalloc+yjit64", base: "pitchfork-refork+yjit",
-                 metric: "total_pss_kb", limit: 0.7),
-      Target.new(label: "defaults: USS per worker", server: "blackbuck-defaults", base: "unicorn-preload",
-                 metric: "uss_kb_per_worker", limit: 1.0),
-      Target.new(label: "(comparison) warmup + refork, glibc: USS per worker", server: "blackbuck-warmup-refork",
-                 base: "pitchfork-refork", metric: "uss_kb_per_worker"),
-      Target.new(label: "(comparison) warmup + refork, glibc: total PSS", server: "blackbuck-warmup-refork",
-                 base: "pitchfork-refork", metric: "total_pss_kb"),
-      Target.new(label: "(comparison) both on jemalloc: USS per worker", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork-jemalloc", metric: "uss_kb_per_worker"),
-      Target.new(label: "(comparison) both on jemalloc: total PSS", server: "blackbuck-warmup-refork-jemalloc",
-                 base: "pitchfork-refork-jemalloc", metric: "total_pss_kb"),
-      Target.new(label: "(comparison) both on jemalloc, YJIT 64 MiB: total PSS",
+    # [label, Blackbuck row, peer row, metric, limit], each on glibc (as named) and on jemalloc
+    LIMITS = [
+      ["reforking alone: USS per worker", "blackbuck-refork", "pitchfork-refork", "uss_kb_per_worker", 0.8],
+      ["warmup + refork: USS per worker", "blackbuck-warmup-refork", "pitchfork-refork", "uss_kb_per_worker", 0.65],
+      ["warmup + refork: total PSS", "blackbuck-warmup-refork", "pitchfork-refork", "total_pss_kb", 0.8],
+      ["warmup + refork, YJIT: total PSS", "blackbuck-warmup-refork+yjit", "pitchfork-refork+yjit", "total_pss_kb", 0.7],
+      ["defaults: USS per worker", "blackbuck-defaults", "unicorn-preload", "uss_kb_per_worker", 1.0]
+    ].freeze
+
+    # The row's name on jemalloc: -jemalloc before a YJIT suffix (the names Servers::MEMORY makes).
+    def self.on_jemalloc(name) = name.sub(/(\+yjit\d*)?\z/) { "-jemalloc#{Regexp.last_match(1)}" }
+
+    TARGETS = (LIMITS.flat_map do |label, server, base, metric, limit|
+      [Target.new(label: "#{label} (glibc, both)", server: server, base: base, metric: metric, limit: limit),
+       Target.new(label: "#{label} (jemalloc, both)", server: on_jemalloc(server), base: on_jemalloc(base),
+                  metric: metric, limit: limit)]
+    end + [
+      Target.new(label: "(comparison) warmup + refork + jemalloc against Pitchfork on glibc: USS per worker",
+                 server: "blackbuck-warmup-refork-jemalloc", base: "pitchfork-refork", metric: "uss_kb_per_worker"),
+      Target.new(label: "(comparison) warmup + refork + jemalloc against Pitchfork on glibc: total PSS",
+                 server: "blackbuck-warmup-refork-jemalloc", base: "pitchfork-refork", metric: "total_pss_kb"),
+      Target.new(label: "(comparison) warmup + refork, YJIT 64 MiB, jemalloc, both: total PSS",
                  server: "blackbuck-warmup-refork-jemalloc+yjit64", base: "pitchfork-refork-jemalloc+yjit64",
                  metric: "total_pss_kb")
-    ].freeze
+    ]).freeze
 
     # summaries: { server name => summarize(...) } of the rows measured. => one hash per target;
     # "pass" is nil (and "missing" names why) when either row has no figure.
@@ -181,11 +184,11 @@ module BlackbuckBench
     # The app's production environment (bench-env.json, written by the generator) for every server.
     # Blackbuck in the app's bundle; the peers outside it, with the Rails gem directory on GEM_PATH
     # (see Servers::MEMORY_BASE).
-    def self.env(recipe, app_dir = Servers::MEMORY_APP_DIR)
+    def self.env(recipe, app_dir = Servers.memory_app_dir)
       extra = JSON.parse(File.read(File.join(app_dir, MemoryRailsApp::ENV_FILE))).merge(recipe.env)
       unless recipe.bundled?
         env = Machine.server_env(bundled: false, extra: extra)
-        rails_gems = File.join(MemoryRailsApp.gem_dir(ServerRuby.current), "ruby", ServerRuby.current.abi)
+        rails_gems = MemoryRailsApp.abi_gem_dir(ServerRuby.current)
         env["GEM_PATH"] = [Servers.gem_home, rails_gems, *ServerRuby.current.default_gem_path].uniq.join(":")
         return env
       end
@@ -245,14 +248,16 @@ module BlackbuckBench
 
     private
 
-    # nil once the app is there: generated now if it is not (or its generator changed), which
-    # takes about 20 s; else why the rows are absent.
+    # nil once the app is there: generated now for the run's Ruby if it is not (or its generator
+    # changed), which takes about 20 s (Rails 8.1: about a minute); else why the rows are absent.
     def app_absent_reason
-      dir = Servers::MEMORY_APP_DIR
+      dir = Servers.memory_app_dir
       return nil if MemoryRailsApp.ready?(dir)
 
-      @log.call("memory: generating the Rails app in #{dir} (bench/apps/memory_rails/generate.rb)")
-      MemoryRailsApp.generate(dir)
+      ruby = ServerRuby.current
+      @log.call("memory: generating the Rails #{MemoryRailsApp.rails_for(ruby.full_version).version} app for Ruby " \
+                "#{ruby.full_version} in #{dir} (bench/apps/memory_rails/generate.rb)")
+      MemoryRailsApp.generate(dir, ruby)
       nil
     rescue StandardError => e
       "the Rails app #{dir} could not be generated: #{e.message.tr("\n", ' ')}"

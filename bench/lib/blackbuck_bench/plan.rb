@@ -25,7 +25,9 @@ module BlackbuckBench
     # stop, most of it the warm-up (measured: 21 rows in 503 s, bench/results/memory.md; a
     # margin for rows whose refork takes top-ups)
     MEMORY_ROW_S = 30
-    MEMORY_BUDGET_S = 20 * 60 # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S (39 rows)
+    # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S: 51 rows (17 configurations,
+    # each with and without jemalloc and YJIT, and three with YJIT's 64 MiB code region), ~26 min
+    MEMORY_BUDGET_S = 30 * 60
 
     # cells_for: the cells a server runs: all of them, but in --quick only the first for the rows
     # that are the comparison (the +yjit twins; on a Ruby with YJIT by default, the rows without it)

@@ -330,7 +330,7 @@ module BlackbuckBench
     end
 
     def memory_targets_md
-      out = +"Targets (issue 24; ratios of rows of this run):\n\n| Target | Blackbuck row | Peer row | Metric | Ratio | Limit | Result |\n|---|---|---|---|--:|--:|---|\n"
+      out = +"Targets (issues 24 and 34; ratios of rows of this run, the same allocator on both sides unless a comparison says otherwise):\n\n| Target | Blackbuck row | Peer row | Metric | Ratio | Limit | Result |\n|---|---|---|---|--:|--:|---|\n"
       memory_targets.each do |t|
         result = if t["missing"] then "n/a (#{t['missing']} not measured)"
                  elsif t["limit"].nil? then "comparison"

@@ -268,7 +268,9 @@ module BlackbuckBench
       { argv: [exe, *version, "-C", conf, ctx.app_path], chdir: ctx.dir }
     end
 
-    def self.falcon_config(ctx)
+    # preload: a script `falcon host` loads before it forks the workers (Falcon's `preload`; none:
+    # each worker loads the app itself)
+    def self.falcon_config(ctx, preload: nil)
       <<~RUBY
         # Written by bench/lib/blackbuck_bench/servers.rb for `falcon host`.
         require "falcon/environment/rack"
@@ -280,7 +282,7 @@ module BlackbuckBench
           include Falcon::Environment::Rack
 
           rackup_path #{ctx.app_path.inspect}
-          count #{ctx.workers}
+          count #{ctx.workers}#{preload ? "\n          preload [#{preload.inspect}]" : ''}
           endpoint do
             listeners = IO::Endpoint.composite(
               IO::Endpoint.tcp("127.0.0.1", #{ctx.tcp_port}, reuse_address: true, backlog: #{BACKLOG}),
@@ -501,10 +503,9 @@ module BlackbuckBench
     YJIT_EXEC_MEM_MB = 256 # Ruby 3.1's default --yjit-exec-mem-size, written out so the report shows it
     REFORK_AFTER = "refork_after [50, 100, 1000]" # the same directive for Blackbuck and Pitchfork
 
-    # BENCH_MEMORY_APP=DIR: another generated app (default: bench/setup's, in this checkout's tmp/)
-    MEMORY_APP_DIR = ENV.fetch("BENCH_MEMORY_APP", MemoryRailsApp::DIR)
-
-    def self.memory_app_dir = MEMORY_APP_DIR
+    # The generated app of the run's Ruby (Rails 8.1 on >= 3.2, 7.2 on 3.1), in this checkout's
+    # tmp/bench-rails-memory-X.Y; BENCH_MEMORY_APP=DIR: another one, made for that Ruby.
+    def self.memory_app_dir = ENV.fetch("BENCH_MEMORY_APP") { MemoryRailsApp.dir_for(ServerRuby.current.full_version) }
 
     # Blackbuck with config-file lines (warmup, refork_after: directives another change adds; an
     # older Blackbuck exits on them with "unknown directive", and the row says so).
@@ -578,7 +579,33 @@ module BlackbuckBench
       end,
       Recipe.new(name: "iodine-4x1", gem: "iodine", only: "memory", summary: -> { "Iodine #{iodine_version}, -w 4 -t 1 (app loaded before the fork)" },
                  executable: -> { bench_bin("iodine") }, worker_re: nil,
-                 ready_re: IODINE_READY) { |ctx| in_app_dir(iodine_command(ctx, 1)) }
+                 ready_re: IODINE_READY) { |ctx| in_app_dir(iodine_command(ctx, 1)) },
+      # Pitchfork as it runs by default: no reforking, every worker forked from the mold that
+      # loaded the app (Pitchfork has no preload_app: it always loads before forking)
+      Recipe.new(name: "pitchfork-no-refork", gem: "pitchfork", only: "memory",
+                 summary: "pitchfork 0.18, worker_processes 4, -E none, no reforking (its default)",
+                 executable: -> { bench_bin("pitchfork") }, worker_re: /pitchfork.*worker\[\d+\]/,
+                 ready_re: /worker=\d+ gen=\d+ .*ready/) do |ctx|
+        conf = ctx.write("pitchfork.conf.rb", unicorn_like_config(ctx))
+        in_app_dir(argv: [bench_bin("pitchfork"), "-E", "none", "-c", conf, "config.ru"])
+      end,
+      # the throughput row's Itsi.rb with 4 workers: preload true (copy-on-write), threads 1
+      Recipe.new(name: "itsi-4x1", gem: "itsi-server", only: "memory",
+                 summary: "Itsi 0.2, workers 4, threads 1, preload true, ruby_thread_request_backlog_size #{BACKLOG}",
+                 executable: -> { bench_bin("itsi") }, worker_re: nil, ready_re: /single_mode: \{"binds"/) do |ctx|
+        in_app_dir(fetch("itsi-2x1").command(ctx))
+      end,
+      # the throughput row's `falcon host` with count 4, and the Rails app preloaded as the other
+      # servers have it: Falcon's `preload` script (its Rails guide's preload.rb) requires
+      # config/environment.rb before the fork; without it each worker loads the app itself
+      Recipe.new(name: "falcon-count4", gem: "falcon", only: "memory",
+                 summary: "Falcon 0.57, `falcon host` with Falcon::Environment::Rack, count 4 (forked workers, " \
+                          "a fiber per request), preload of config/environment.rb, HTTP/1",
+                 executable: -> { bench_bin("falcon") }, worker_re: nil, ready_re: nil) do |ctx|
+        preload = ctx.write("preload.rb", "require #{File.join(memory_app_dir, 'config', 'environment').inspect}\n")
+        conf = ctx.write("falcon.rb", falcon_config(ctx, preload: preload))
+        in_app_dir(argv: [bench_bin("falcon"), "host", conf])
+      end
     ].freeze
 
     # Each memory row with YJIT (RUBYOPT, read by every process: --yjit-exec-mem-size written out),
