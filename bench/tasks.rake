@@ -22,6 +22,7 @@ namespace :bench do
   task :test do
     ruby File.join(__dir__, "test", "drivers_test.rb")
     ruby File.join(__dir__, "test", "memory_test.rb")
+    ruby File.join(__dir__, "test", "memory_app_test.rb")
     ruby File.join(__dir__, "test", "plan_docs_test.rb")
     ruby File.join(__dir__, "test", "server_ruby_test.rb")
   end
