@@ -98,7 +98,7 @@ module Blackbuck
       @runner = if @multithread
                   AppRunner::Threads.new(runner_port, config, app, @request, scoreboard, index, logger)
                 else
-                  AppRunner::Inline.new(runner_port, @request, @response, scoreboard, index)
+                  AppRunner::Inline.new(runner_port, @request, @response, scoreboard, index, streams: @streams)
                 end
       # Moves between workers, and whether there is room for one more (handoff: [send end, receive
       # end] of the generation's hand-off socket pair, or nil).
@@ -255,7 +255,9 @@ module Blackbuck
         saturated: lambda do
           @saturated = @connections.saturated = true
           pause_accepting if @balancer.saturated
-        end
+        end,
+        # A request timeout's notice reached a stream's run (from the trap: only counted; #tick retires)
+        timed_out: -> { @timeout_notices += 1 }
       )
       # A stream's fiber runs again from the loop: the app's time (AppRunner::Inline's clock and timeout).
       streams = Streams::Port.new(run_begin: ->(method, path) { @runner.stream_run_begin(method, path) },
@@ -414,9 +416,12 @@ module Blackbuck
     # that request comes back, which it may never do (a C call holding the GVL, code rescuing
     # Exception): the master kills it KILL_GRACE seconds after the notice. Its idle connections move
     # to the siblings, and so do the requests queued for its threads (Balancer#move_queued); those the
-    # other threads run finish, their responses saying "Connection: close".
+    # other threads run finish, their responses saying "Connection: close". With one app thread and
+    # streams: the notice reached a stream's run, or came as a stream's fiber gave the loop back
+    # (AppRunner::Inline#time_out); the streams end with the stop.
     def timed_out_in_thread
-      retire("a request ran past the timeout (#{@config[:timeout]}s); its thread was told to stop", :timeout)
+      told = @multithread ? "its thread was told to stop" : "a stream's run was told, or had just given the loop back"
+      retire("a request ran past the timeout (#{@config[:timeout]}s); #{told}", :timeout)
       moved = @balancer.move_queued
       @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} queued requests to its siblings") if moved.positive?
     end
