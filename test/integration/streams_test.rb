@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "open3"
 require_relative "../test_helper"
 
 # Long streams with the streams setting (issue 35, step 1; docs/ARCHITECTURE.md, "Long streams"): one
@@ -82,6 +83,11 @@ class StreamsTest < ServerTest
     assert_equal 20, status["streams"], "/status counts the open streams"
     assert_equal "idle", status["state"], "the worker is free while its streams wait"
     assert_match(/^blackbuck_streams\{worker="0"\} 20$/, stats_get(stats_path(@server), "/metrics"))
+    out, err, st = Open3.capture3(RbConfig.ruby, EXE, "status", "unix:#{stats_path(@server)}")
+    assert st.success?, err
+    assert_match(/  streams 20  /, out, "blackbuck status: the totals")
+    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+STREAMS\s+CURRENT/, out)
+    assert_match(/^0\s+#{worker_pid}\s+idle\s+\d+\s+\d+\s+20\s+-\s/, out, "and the worker's row")
     refute(streams.any? { |s| s.data.include?("data: 4") }, "no stream ended before the plain requests were answered")
 
     plain_get("/release")
