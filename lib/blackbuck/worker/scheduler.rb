@@ -35,7 +35,7 @@ module Blackbuck
   # around a switch would be popped by whichever fiber leaves its block first.)
   class Scheduler
     # What a suspended fiber waits for: an fd and its events (io_wait), a blocker (block), a timer.
-    Wait = Struct.new(:fiber, :blocker, :fd, :events, :timer)
+    Wait = Struct.new(:fiber, :blocker, :fd, :events, :timer, :io)
     # What a fiber waiting on a descriptor gets when the descriptor is closed meanwhile (#io_close,
     # #fiber_interrupt): what a thread blocked on it gets in Ruby.
     STREAM_CLOSED = "stream closed in another thread"
@@ -135,8 +135,45 @@ module Blackbuck
         wait = @waits[fiber]
         if blocker.is_a?(Exception) # #fiber_interrupt, #io_close: the wait it was told of, if it still waits
           resume(fiber, blocker) if wait && (interrupted.nil? || wait.equal?(interrupted))
-        elsif wait&.blocker && wait.blocker.equal?(blocker)
-          resume(fiber, true)
+        elsif wait && (wait.blocker ? wait.blocker.equal?(blocker) : wait.fd.nil?)
+          resume(fiber, true) # (Ruby unblocks a fiber it put to sleep too: Mutex#sleep, IO#close's wait)
+        end
+      end
+    end
+
+    # Ruby 3.4 and older tell a scheduler of no close (no io_close, no fiber_interrupt): a fiber
+    # waiting on a descriptor that is closed meanwhile would wait on for ever (epoll forgets a closed
+    # file by itself). The loop looks on its tick (Worker#tick; #run, every turn): each such fiber is
+    # resumed with the IOError a blocked thread gets, and the number is forgotten without a call to
+    # the poller (it may be another file's by now). Nothing to do when no fiber waits on a descriptor.
+    def reap_closed
+      return if @io.empty?
+
+      @io.keys.each do |fd|
+        waits = @io[fd]
+        next unless waits.any? { |w| w.io&.closed? }
+
+        forget_closed_fd(fd)
+        waits.each { |w| resume(w.fiber, IOError.new(STREAM_CLOSED)) if @waits[w.fiber].equal?(w) }
+      end
+    end
+
+    # Ruby 3.4 and older, when a descriptor a fiber of ours waits on is closed by another thread,
+    # raise the closer's notice in whatever this thread runs then ("stream closed in another thread":
+    # a pending interrupt, for want of fiber_interrupt), which is the loop. The loop runs inside this:
+    # that interrupt is never raised on this thread (#reap_closed resumes the waiter instead). Only
+    # IOError's pending interrupts: the request timeout's notice is raised by the trap itself.
+    # Such interrupts still pending when it ends are dropped (they were meant for fibers long resumed).
+    def guard_loop
+      Thread.handle_interrupt(IOError => :never) do
+        yield
+      ensure
+        while Thread.pending_interrupt?(IOError)
+          begin
+            Thread.handle_interrupt(IOError => :immediate) { Thread.pass }
+          rescue IOError
+            nil
+          end
         end
       end
     end
@@ -160,8 +197,13 @@ module Blackbuck
     # Without the worker (a unit test, or Ruby closing the scheduler): runs the loop itself until no
     # fiber waits here.
     def run
+      guard_loop { run_turns }
+    end
+
+    def run_turns # (#run's loop, inside #guard_loop)
       events = []
       until @waits.empty?
+        reap_closed
         t = next_deadline(now + 1)
         ms = @timers.empty? && @io.empty? && @ready.empty? ? 1000 : ((t - now) * 1000).ceil.clamp(0, 1000)
         @poller.wait(ms, events)
@@ -173,6 +215,8 @@ module Blackbuck
         run_timers(now)
       end
     end
+
+    private :run_turns
 
     # Ruby calls this when the scheduler is replaced (Fiber.set_scheduler) or its thread ends: the
     # worker has ended every stream by then; nothing more runs here.
@@ -227,7 +271,7 @@ module Blackbuck
 
       own do
         fd = io.fileno
-        wait = Wait.new(Fiber.current, nil, fd, events)
+        wait = Wait.new(Fiber.current, nil, fd, events, nil, io)
         wait.timer = add_timer(timeout, wait, false) if timeout
         (@io[fd] ||= []) << wait
         reregister(fd, nil)
@@ -291,6 +335,14 @@ module Blackbuck
     end
 
     def resume_later(fiber, error) = ready(error, fiber, @waits[fiber])
+
+    # A descriptor closed already (Ruby told us nothing): forgotten here only (the poller dropped it
+    # when it closed, and the number may be another file's now).
+    def forget_closed_fd(fd)
+      waits = @io.delete(fd)
+      waits.each { |w| w.fd = nil }
+      (@registered ||= {}).delete(fd)
+    end
 
     # A descriptor that is being closed: the poller and this scheduler forget it (its waits stay until
     # their fibers are resumed, and are no longer the fd's).

@@ -73,6 +73,11 @@ module Blackbuck
     # An fd the loop does not know: the scheduler's wake-up pipe, or one a stream body waits on.
     def on_fd(fd, ev) = @scheduler.io_ready(fd, ev)
 
+    # The loop runs inside this (Scheduler#guard_loop), and looks for descriptors closed under a
+    # waiting body on its tick (Scheduler#reap_closed): what Ruby 3.4 and older do not tell a scheduler.
+    def guard_loop(&) = @scheduler.guard_loop(&)
+    def reap_closed = @scheduler.reap_closed
+
     # Runs the block (Response's writing of a streamed body) on a new fiber until it ends or first
     # waits: its value (a Response mode) when it ended, else Response::STREAMING (the fiber waits; its
     # end calls `finish`, given to #ends_with).

@@ -136,8 +136,15 @@ module Blackbuck
       @memory.start # oob_major_gc: from here Ruby runs no major GC by itself
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
-      loop_until_done
-      end_streams # (a stream's body is the app's code: before Ruby's own majors come back, #memory.stop)
+      if @streams # (a stream's body is the app's code: ended before Ruby's own majors come back, #memory.stop)
+        @streams.guard_loop do
+          loop_until_done
+          end_streams
+        end
+        Fiber.set_scheduler(nil)
+      else
+        loop_until_done
+      end
       @memory.stop
       @runner.stop
       @balancer.stop
@@ -157,12 +164,9 @@ module Blackbuck
     private # (the rooms call none of these: only what their ports hold, #ports)
 
     # The loop is over: streams still open end now (StreamStop; a forced stop, or a mold to fork: the
-    # mold holds no stream), and the fiber scheduler is taken off the thread.
+    # mold holds no stream). (#run then takes the fiber scheduler off the thread.)
     def end_streams
-      return unless @streams
-
       @streams.stop_all if @streams.size.positive?
-      Fiber.set_scheduler(nil)
     end
 
     def pause_accepting
@@ -491,6 +495,7 @@ module Blackbuck
         timed_out_in_thread
       end
       @connections.expire(t)
+      @streams&.reap_closed # (Ruby 3.4 and older: a descriptor closed under a waiting body)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
       # a listen queue whose one wake-up went to a worker that could not accept (EPOLLEXCLUSIVE) waits
       # a tick at most, even when the wake-up that worker passed on was taken with a connection behind it
