@@ -116,6 +116,10 @@ class SchedulerTest < Minitest::Test
   # this file's); Ruby 3.4 tells it nothing, and the loop finds the closed descriptor itself
   # (Scheduler#reap_closed, every turn of #run, every tick of the worker).
   def test_closing_a_descriptor_a_fiber_waits_on_resumes_that_fiber_with_ioerror
+    # (Ruby 3.1's IO#close waits on the thread, asking no scheduler, until the waiting fiber lets go:
+    # a fiber of the same thread never runs again, so the close never returns. Nothing a scheduler can
+    # change; a version, as no hook or method tells it apart.)
+    skip "Ruby #{RUBY_VERSION}: IO#close in a fiber waits the thread for the fiber waiting on it" if RUBY_VERSION < "3.4"
     got = on_loop do |s|
       r, w = IO.pipe
       error = closed = nil

@@ -168,12 +168,10 @@ module Blackbuck
       Thread.handle_interrupt(IOError => :never) do
         yield
       ensure
-        while Thread.pending_interrupt?(IOError)
-          begin
-            Thread.handle_interrupt(IOError => :immediate) { Thread.pass }
-          rescue IOError
-            nil
-          end
+        begin # (one raised per pass, until none is left; Thread.pending_interrupt?(IOError) crashes Ruby 3.1.2)
+          Thread.handle_interrupt(IOError => :immediate) { Thread.pass }
+        rescue IOError
+          retry
         end
       end
     end
