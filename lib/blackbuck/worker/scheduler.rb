@@ -150,8 +150,8 @@ module Blackbuck
       return if @io.empty?
 
       @io.keys.each do |fd|
-        waits = @io[fd]
-        next unless waits.any? { |w| w.io&.closed? }
+        waits = @io[fd] # (a fiber resumed below may have ended its wait on another: nil then)
+        next unless waits&.any? { |w| w.io&.closed? }
 
         forget_closed_fd(fd)
         waits.each { |w| resume(w.fiber, IOError.new(STREAM_CLOSED)) if @waits[w.fiber].equal?(w) }
@@ -159,7 +159,7 @@ module Blackbuck
     end
 
     # Ruby 3.4 and older, when a descriptor a fiber of ours waits on is closed by another thread,
-    # raise the closer's notice in whatever this thread runs then ("stream closed in another thread":
+    # raise the closer's IOError in whatever this thread runs then ("stream closed in another thread":
     # a pending interrupt, for want of fiber_interrupt), which is the loop. The loop runs inside this:
     # that interrupt is never raised on this thread (#reap_closed resumes the waiter instead). Only
     # IOError's pending interrupts: the request timeout's notice is raised by the trap itself.
