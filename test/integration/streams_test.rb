@@ -128,7 +128,8 @@ class StreamsTest < ServerTest
     streams.each { |s| s.io.close }
     wait_for(WAIT, "the vanished clients' streams ended") { worker_status["streams"].zero? }
     wait_for(WAIT, "their bodies closed") { stats[0] == closed + 5 }
-    wait_for(WAIT, "the worker's descriptors back to #{before}") { fds == before }
+    # (at most: the connection of the /stats request before `before` may still have been closing then)
+    wait_for(WAIT, "the worker's descriptors back to #{before}") { fds <= before }
   end
 
   def test_a_body_that_raises_midway_cuts_the_stream_and_the_worker_serves_on
