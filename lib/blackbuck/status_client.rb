@@ -178,7 +178,7 @@ module Blackbuck
       t = s["totals"]
       out = +"Blackbuck #{s['version']}  master pid #{s['pid']}  " \
               "workers #{t['workers']} (busy #{t['busy']}, idle #{t['idle']})  " \
-              "requests #{t['requests']}  connections #{t['connections']}  queued #{t['queued']}  " \
+              "requests #{t['requests']}  connections #{t['connections']}  streams #{t['streams'].to_i}  queued #{t['queued']}  " \
               "spilled #{t['spill_bytes'].to_i} bytes\n"
       out << "#{recent_line(s['recent'])}\n"
       out << "#{memory_line(s['processes'])}\n" if s["processes"]
@@ -187,10 +187,11 @@ module Blackbuck
       rows = s["workers"].map do |w|
         current = w["path"] ? "#{w['method']} #{w['path']}" : "-"
         running = w["running_ms"].to_i.positive? ? format("%.3fs", w["running_ms"] / 1000.0) : "-"
-        [w["index"], w["pid"], w["state"], w["requests"], w["connections"], current, running,
+        [w["index"], w["pid"], w["state"], w["requests"], w["connections"], w["streams"].to_i, current, running,
          w["heartbeat_age_ms"] ? "#{w['heartbeat_age_ms']}ms" : "-", w["generation"] || "-", mib(w["uss_kib"])]
       end
-      out << grid(%w[WORKER PID STATE REQUESTS CONNS CURRENT RUNNING HEARTBEAT GEN USS], rows)
+      # STREAMS: open streams (responses whose body waits on a fiber: the streams setting), within CONNS
+      out << grid(%w[WORKER PID STATE REQUESTS CONNS STREAMS CURRENT RUNNING HEARTBEAT GEN USS], rows)
       out << "\n"
       lrows = s["listeners"].map { |l| [l["name"], l["queued"] || "?", l["backlog"] || "?"] }
       out << grid(%w[LISTENER QUEUED BACKLOG], lrows)

@@ -12,10 +12,17 @@
 #   GET /call?n=N&gap=S           a Rack 3 callable body: N writes S seconds apart
 #   GET /raise                    one event, a wait, then the body raises
 #   GET /big?n=N                  N parts of 64 KiB, as fast as the client takes them (no wait of its own)
-#   GET /stats                    "closed=C finished=F": bodies closed, rack.response_finished callbacks run
+#   GET /late-callback            data: 1, then adds a rack.response_finished callback (counted in
+#                                 late), data: 2, then the gate (gated=1), data: 3
+#   GET /spin                     data: 1, a wait, then a run that spins past --timeout (the request
+#                                 timeout in a stream's run: it is cut, the worker replaced)
+#   GET /rescue-then-stream       app.call spins past --timeout, rescues the notice, and returns a
+#                                 gated stream (the worker is replaced all the same)
+#   GET /stats                    "closed=C finished=F late=L": bodies closed, rack.response_finished
+#                                 callbacks run, late-added ones run
 #   GET /                         hello
 GATE = { open: false } # rubocop:disable Style/MutableConstant -- the tests' gate, this process's
-COUNTS = { closed: 0, finished: 0 } # rubocop:disable Style/MutableConstant
+COUNTS = { closed: 0, finished: 0, late: 0 } # rubocop:disable Style/MutableConstant
 
 # An `each` body that counts its close.
 class Events
@@ -35,6 +42,12 @@ def gate(last, gated, gap)
   else
     sleep gap
   end
+end
+
+# Busy until the request timeout's notice interrupts it (30 s at most: a test's bound, not its measure).
+def spin
+  t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  nil while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 30
 end
 
 run(lambda do |env|
@@ -85,8 +98,35 @@ run(lambda do |env|
   when "/big"
     part = "x" * 65_536
     [200, {}, Events.new { |&y| n.times { y.call(part) } }]
+  when "/late-callback"
+    [200, SSE, Events.new do |&y|
+      y.call("data: 1\n\n")
+      sleep gap
+      env["rack.response_finished"] << ->(*) { COUNTS[:late] += 1 }
+      y.call("data: 2\n\n")
+      gate(true, q["gated"], gap)
+      y.call("data: 3\n\n")
+    end]
+  when "/spin"
+    [200, SSE, Events.new do |&y|
+      y.call("data: 1\n\n")
+      sleep gap
+      spin
+      y.call("data: 2\n\n")
+    end]
+  when "/rescue-then-stream"
+    begin
+      spin
+    rescue Blackbuck::RequestTimeout
+      nil # (an app that answers itself: Rails' ShowExceptions does)
+    end
+    [200, SSE, Events.new do |&y|
+      y.call("data: 1\n\n")
+      gate(true, "1", gap)
+      y.call("data: 2\n\n")
+    end]
   when "/stats"
-    [200, {}, ["closed=#{COUNTS[:closed]} finished=#{COUNTS[:finished]}\n"]]
+    [200, {}, ["closed=#{COUNTS[:closed]} finished=#{COUNTS[:finished]} late=#{COUNTS[:late]}\n"]]
   else
     [200, { "content-type" => "text/plain" }, ["hello\n"]]
   end

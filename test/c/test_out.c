@@ -4,7 +4,8 @@
  * process's pool_max, and what fits nowhere is left to the caller; flush sends memory, spill file and
  * file body in that order, byte for byte, with sendfile(2) and with the pread + write copy; a spill
  * file that cannot be made says so and stops spilling until the next response; what no spill file can
- * take is held in memory behind it, within the process's held_max; a file body that
+ * take is held in memory behind it, within the process's held_max; the bytes queued are counted in all
+ * four places at every step of a flush (bb_out_queued_bytes); a file body that
  * shrinks is reported; releasing a queue closes its files and gives its bytes back to the pool; no
  * descriptor leaks (counted in /proc/self/fd before and after).
  */
@@ -397,6 +398,48 @@ static void test_trim(void)
     free(src);
 }
 
+/* bb_out_queued_bytes (a stream's back-pressure weighs it against its high-water mark): the bytes not
+ * sent yet in all four places (memory, spill file, held memory, file body), at every step of a flush
+ * that the client takes a little at a time: what was queued less what the client has read. */
+static void test_queued_bytes(void)
+{
+    struct bb_out_limits lim = {16 * KIB, 32 * KIB, 1 * MIB, 64 * KIB};
+    struct bb_spill_pool pool = {0, 0, 0};
+    struct bb_out o;
+    size_t head = 100 * KIB, body = 10 * KIB, total = head + body, got_len = 0;
+    char *src = malloc(head), *got = malloc(total + 1);
+    struct iovec iov;
+    const char *op;
+    int sv[2], i = 0, last, turns = 0, before = open_fds();
+    fill(src, head, 0);
+    small_pair(sv);
+    bb_out_init(&o);
+    CHECK(bb_out_queued_bytes(&o) == 0, "an empty queue: %lld", (long long)bb_out_queued_bytes(&o));
+    iov.iov_base = src;
+    iov.iov_len = head;
+    CHECK(bb_out_queue(&o, &pool, &lim, &iov, &i, 1, &op) == 0 && i == 1, "queued");
+    CHECK(o.len - o.off == 16 * KIB && o.spill_len == 32 * KIB && o.held_len == 52 * KIB,
+          "in all three: memory %zu, spill %lld, held %zu", o.len - o.off, (long long)o.spill_len, o.held_len);
+    CHECK(bb_out_queued_bytes(&o) == (int64_t)head, "memory + spill + held: %lld", (long long)bb_out_queued_bytes(&o));
+    bb_out_file(&o, pattern_file(body, head), (int64_t)body);
+    CHECK(bb_out_queued_bytes(&o) == (int64_t)total, "and the file body: %lld", (long long)bb_out_queued_bytes(&o));
+    do {
+        last = bb_out_flush(&o, sv[0], &pool);
+        drain(sv[1], got, total + 1, &got_len); /* (the socket is empty again: all the flush sent is in got) */
+        CHECK(bb_out_queued_bytes(&o) == (int64_t)(total - got_len), "turn %d: %lld queued, %zu of %zu read", turns,
+              (long long)bb_out_queued_bytes(&o), got_len, total);
+    } while (last == BB_OUT_PENDING && ++turns < 1000000);
+    CHECK(last == BB_OUT_DONE && got_len == total && matches(got, got_len, 0), "all sent in order: %zu", got_len);
+    CHECK(turns > 4, "the client took it a little at a time: %d turns", turns);
+    CHECK(bb_out_queued_bytes(&o) == 0 && !bb_out_queued(&o), "nothing queued once sent");
+    bb_out_discard(&o, &pool);
+    close(sv[0]);
+    close(sv[1]);
+    CHECK(open_fds() == before, "no descriptor leaks: %d -> %d", before, open_fds());
+    free(src);
+    free(got);
+}
+
 int main(void)
 {
     int before = open_fds();
@@ -410,6 +453,7 @@ int main(void)
     test_file_body_short();
     test_failed_and_release();
     test_trim();
+    test_queued_bytes();
     CHECK(open_fds() == before, "no descriptor leaks overall: %d -> %d", before, open_fds());
     printf("test_out: %d checks, %d failures\n", checks, failures);
     return failures ? 1 : 0;

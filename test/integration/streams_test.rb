@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "open3"
 require_relative "../test_helper"
 
 # Long streams with the streams setting (issue 35, step 1; docs/ARCHITECTURE.md, "Long streams"): one
@@ -11,8 +12,10 @@ class StreamsTest < ServerTest
   WAIT = 30 # seconds a read waits at most: a bound for a stuck server, not a measure of speed
   LAST_CHUNK = "0\r\n\r\n"
 
+  TIMEOUT = 1 # --timeout: the request timeout (the app's time: app.call, and each run of a stream's fiber)
+
   def setup
-    @server = start_both(["--streams", "--graceful-timeout", "2"], app: "streams.ru", stats: true)
+    @server = start_both(["--streams", "--graceful-timeout", "2", "--timeout", TIMEOUT.to_s], app: "streams.ru", stats: true)
   end
 
   # A client of one streamed response: what it has read so far.
@@ -69,7 +72,7 @@ class StreamsTest < ServerTest
 
   def worker_pid = @server.worker_pids.first
   def fds = Dir.children("/proc/#{worker_pid}/fd").size
-  def stats = plain_get("/stats").body[/closed=(\d+) finished=(\d+)/].then { [Integer($1), Integer($2)] }
+  def stats = plain_get("/stats").body[/closed=(\d+) finished=(\d+) late=(\d+)/].then { [Integer($1), Integer($2), Integer($3)] }
   def worker_status = status_json(stats_path(@server))["workers"].first
 
   def test_many_streams_receive_every_event_while_plain_requests_are_answered
@@ -80,6 +83,11 @@ class StreamsTest < ServerTest
     assert_equal 20, status["streams"], "/status counts the open streams"
     assert_equal "idle", status["state"], "the worker is free while its streams wait"
     assert_match(/^blackbuck_streams\{worker="0"\} 20$/, stats_get(stats_path(@server), "/metrics"))
+    out, err, st = Open3.capture3(RbConfig.ruby, EXE, "status", "unix:#{stats_path(@server)}")
+    assert st.success?, err
+    assert_match(/  streams 20  /, out, "blackbuck status: the totals")
+    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+STREAMS\s+CURRENT/, out)
+    assert_match(/^0\s+#{worker_pid}\s+idle\s+\d+\s+\d+\s+20\s+-\s/, out, "and the worker's row")
     refute(streams.any? { |s| s.data.include?("data: 4") }, "no stream ended before the plain requests were answered")
 
     plain_get("/release")
@@ -120,7 +128,8 @@ class StreamsTest < ServerTest
     streams.each { |s| s.io.close }
     wait_for(WAIT, "the vanished clients' streams ended") { worker_status["streams"].zero? }
     wait_for(WAIT, "their bodies closed") { stats[0] == closed + 5 }
-    wait_for(WAIT, "the worker's descriptors back to #{before}") { fds == before }
+    # (at most: the connection of the /stats request before `before` may still have been closing then)
+    wait_for(WAIT, "the worker's descriptors back to #{before}") { fds <= before }
   end
 
   def test_a_body_that_raises_midway_cuts_the_stream_and_the_worker_serves_on
@@ -161,6 +170,50 @@ class StreamsTest < ServerTest
     assert_equal 200 * 65_536, dechunk(big.data.split("\r\n\r\n", 2)[1]).bytesize
   ensure
     big&.io&.close
+  end
+
+  # A rack.response_finished callback the body adds while it streams runs when its own stream ends,
+  # not with the callbacks of a request served meanwhile.
+  def test_a_callback_added_mid_stream_runs_when_its_stream_ends
+    stream = open_stream("/late-callback?gated=1&gap=0.01").until("data: 2\n\n") # (the callback is added)
+    assert_equal "hello\n", plain_get.body, "a request served while the stream waits"
+    assert_equal 0, stats[2], "the late callback did not run with another request's"
+    plain_get("/release")
+    stream.until(LAST_CHUNK)
+    wait_for(WAIT, "the late callback run once its stream ended") { stats[2] == 1 }
+  ensure
+    stream&.io&.close
+  end
+
+  # The request timeout counts a stream's run: a body that spins past it after its head went out is
+  # cut (no last chunk: a 503 cannot follow the head), and the worker is replaced; the loop survives.
+  def test_a_run_past_the_timeout_cuts_the_stream_and_replaces_the_worker
+    old = worker_pid
+    spin = open_stream("/spin?gap=0.01").until("data: 1\n\n")
+    spin.to_end
+    refute_includes spin.data, LAST_CHUNK, "cut short, not ended"
+    assert_logged(@server, %r{request timeout \(#{TIMEOUT}s\) while writing: GET /spin})
+    wait_for(WAIT, "a fresh worker") { (@server.worker_pids - [old]).any? }
+    assert_logged(@server, /worker 0 \(pid #{old}\) exited with status 0/) # (it stopped, it did not crash)
+    refute_match(/\[BUG\]/, @server.log)
+    assert_equal "hello\n", plain_get.body
+  ensure
+    spin&.io&.close
+  end
+
+  # An app that rescues the notice inside app.call and returns a stream body: the worker is replaced
+  # all the same (as after a response that is not a stream), and the stream ends with its stop.
+  def test_an_app_that_rescues_the_timeout_and_streams_is_replaced
+    old = worker_pid
+    stream = open_stream("/rescue-then-stream").until("data: 1\n\n")
+    assert_logged(@server, %r{request timeout \(#{TIMEOUT}s\), rescued by the app: GET /rescue-then-stream})
+    wait_for(WAIT, "a fresh worker") { (@server.worker_pids - [old]).any? }
+    stream.until(LAST_CHUNK) # (its worker's stop ended it: graceful_timeout, then StreamStop)
+    refute_includes stream.data, "data: 2", "ended by the stop, not by its body"
+    res = Timeout.timeout(WAIT) { request(stream.io, "GET", "/") } # (its keep-alive connection moved on)
+    assert_equal "hello\n", res&.body, "the next request on the stream's connection, served by the fresh worker"
+  ensure
+    stream&.io&.close
   end
 
   def test_keep_alive_after_a_stream

@@ -9,9 +9,9 @@ require "open3"
 # request; the mold is no point of failure; an app that is not fork-safe is never reforked. The
 # blackbuck command's master never loads the app: a first mold boots it and forks generation 0.
 class ReforkTest < ServerTest
-  def start_reforking(counts, workers:, env: {}, app: "refork.ru")
+  def start_reforking(counts, workers:, env: {}, app: "refork.ru", config: "")
     dir = Dir.mktmpdir("bb-test")
-    File.write("#{dir}/refork.rb", "refork_after #{counts.join(', ')}\n")
+    File.write("#{dir}/refork.rb", "refork_after #{counts.join(', ')}\n#{config}")
     start_server(["-c", "#{dir}/refork.rb", "-l", "127.0.0.1:0", "-l", "unix:#{dir}/app.sock",
                   "--stats-listen", "unix:#{dir}/status.sock"], app: app, workers: workers, dir: dir, env: env)
   end
@@ -195,6 +195,53 @@ class ReforkTest < ServerTest
     assert_equal "", rest, "no process holds the WebSocket once its worker exits (none answers on it)"
   ensure
     ws&.close
+  end
+
+  # The streams setting: the worker told to fork the mold stops, lets its open streams run until
+  # graceful_timeout, then ends each with its last chunk (StreamStop) before it forks: the mold holds
+  # no stream's socket, and the workers forked from it serve. (The streams wait behind the gate of
+  # streams.ru, which is never opened: their end is the stop's.)
+  def test_a_worker_that_forks_the_mold_ends_its_streams_first
+    server = start_reforking([10], workers: 1, app: "streams.ru", config: "streams true\ngraceful_timeout 2\n")
+    last_chunk = "0\r\n\r\n"
+    streams = Array.new(2) do
+      io = server.tcp
+      io.write("GET /sse?n=3&gap=0.01&gated=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+      data = +""
+      Timeout.timeout(30) { data << io.readpartial(65_536) until data.include?("data: 2\n\n") }
+      [io, data]
+    end
+    holder = server.worker_pids.first
+    wait_for(60, "the worker told to fork the mold") do
+      assert_serves(server) unless server.log.include?("forks the mold")
+      server.log.match?(/worker 0 \(pid #{holder}\) stopping: forking the mold/)
+    end
+    streams.each do |io, data|
+      Timeout.timeout(30) { data << io.readpartial(65_536) until data.include?(last_chunk) }
+      refute_includes data, "data: 3", "ended by the stop, not by its body (the gate is shut)"
+    end
+    assert_logged(server, /worker 0 \(pid #{holder}\) forks the mold after/)
+    mold = wait_for(60, "the mold") { status(server).dig("refork", "mold", "pid") }
+    ports = streams.map { |io, _| io.local_address.ip_port }
+    assert_empty client_sockets(mold, ports), "the mold holds none of the streams' connections"
+    wait_for_generation(server, 1)
+    assert_serves(server)
+  ensure
+    streams&.each { |io, _| io.close }
+  end
+
+  # The TCP sockets process pid holds whose peer is one of these local ports (/proc: its fds' socket
+  # inodes, matched to /proc/net/tcp's rows).
+  def client_sockets(pid, ports)
+    inodes = Dir.children("/proc/#{pid}/fd").filter_map do |fd|
+      File.readlink("/proc/#{pid}/fd/#{fd}")[/\Asocket:\[(\d+)\]\z/, 1]
+    rescue Errno::ENOENT
+      nil
+    end
+    File.readlines("/proc/net/tcp").drop(1).filter_map do |row|
+      f = row.split
+      f if inodes.include?(f[9]) && ports.include?(f[2].split(":")[1].to_i(16))
+    end
   end
 
   # `blackbuck status` says the generation, the mold and what each process costs.

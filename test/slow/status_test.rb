@@ -206,8 +206,8 @@ class StatusTest < ServerTest
     assert st.success?, err
     assert_match(/master pid #{server.pid}/, out)
     assert_match(/workers 2 \(busy 1, idle 1\)/, out)
-    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+CURRENT\s+RUNNING/, out)
-    assert_match(%r{^\d+\s+\d+\s+busy\s+\d+\s+\d+\s+GET /gate\s+\d+\.\d{3}s}, out)
+    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+STREAMS\s+CURRENT\s+RUNNING/, out)
+    assert_match(%r{^\d+\s+\d+\s+busy\s+\d+\s+\d+\s+0\s+GET /gate\s+\d+\.\d{3}s}, out)
     assert_match(/^\d+\s+\d+\s+idle\s/, out)
     assert_match(/^LISTENER\s+QUEUED\s+BACKLOG$/, out)
     assert_match(%r{^http://127\.0\.0\.1:\d+\s+\d+\s+\d+$}, out)

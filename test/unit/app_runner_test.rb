@@ -39,15 +39,17 @@ class AppRunnerTest < Minitest::Test
   # The loop behind the runners' Port: what each member was told. (A Struct: a call to anything that
   # is not a member raises.)
   class FakeLoop
-    attr_reader :stopped_accepting, :saturations
+    attr_reader :stopped_accepting, :saturations, :timeouts
 
     def initialize
       @stopped_accepting = 0
       @saturations = 0
+      @timeouts = 0
     end
 
     def port = Blackbuck::AppRunner::Port.new(stop_accepting: -> { @stopped_accepting += 1 },
-                                              saturated: -> { @saturations += 1 })
+                                              saturated: -> { @saturations += 1 },
+                                              timed_out: -> { @timeouts += 1 })
   end
 
   LOGGER = Blackbuck::Logger.new(File.open(File::NULL, "w"))
@@ -131,6 +133,107 @@ class AppRunnerTest < Minitest::Test
     runner.time_out(30) # not in the app: nothing
     # in the app: raised there (a Response answers 503 and RETIRE_*; past its rescues, the runner drops the connection)
     assert_equal Response::RETIRE_DROP, runner.run(FakeConn.new(7, 0), {}, 0.0, WOKE)
+  end
+
+  # ---- the request timeout with streams: the master's notice (USR2) raised from the worker's trap ----
+  # A real Scheduler on this thread (the main one: traps run here) with an Inline runner, hooks as
+  # Streams' (the runner's stream_run_begin/end around each run from the loop), the worker's USR2 trap
+  # and the notice sent to this process at a chosen point: a signal a process sends itself runs its
+  # trap before Process.kill returns, so the point is exact.
+
+  # A Scheduler that sends the notice when a fiber's wait is registered (its own code, on the fiber).
+  class NoticeInHook < Blackbuck::Scheduler
+    attr_accessor :notice_in_hook
+
+    private
+
+    def add_timer(*)
+      Process.kill(:USR2, Process.pid) if notice_in_hook
+      super
+    end
+  end
+
+  # hooks: as Streams' (#before / #after); notice_after: send the notice in #after, before the runner
+  # has the loop back (the instant a fiber gives the loop back).
+  class StreamHooks
+    attr_accessor :runner, :notice_after
+
+    def before(_fiber) = runner.stream_run_begin("GET", "/stream")
+
+    def after(_fiber)
+      Process.kill(:USR2, Process.pid) if notice_after
+      runner.stream_run_end
+    end
+  end
+
+  # Yields [scheduler, hooks, counted] with the trap installed; counted[0]: notices the loop is to act
+  # on (the trap's count), as Worker's trap counts them.
+  def with_stream_loop
+    counted = [0]
+    runner = inline(->(_c, _e) { Response::DONE })
+    hooks = StreamHooks.new
+    hooks.runner = runner
+    poller = Native::Poller.new(8)
+    scheduler = NoticeInHook.new(poller, hooks)
+    runner.instance_variable_set(:@streams, Struct.new(:scheduler).new(scheduler)) # (Worker passes streams:)
+    runner.start(poller)
+    old = trap(:USR2) { counted[0] += 1 if runner.time_out(30) }
+    Fiber.set_scheduler(scheduler)
+    Timeout.timeout(WAIT) { yield scheduler, hooks, counted }
+  ensure
+    Fiber.set_scheduler(nil)
+    trap(:USR2, old || "DEFAULT")
+    poller&.close
+  end
+
+  def test_inline_a_notice_as_a_streams_fiber_gives_the_loop_back_is_not_raised_in_the_loop
+    with_stream_loop do |s, hooks, counted|
+      hooks.notice_after = true
+      f = Fiber.new(blocking: false) { sleep 0.001; :ended }
+      s.start(f)
+      s.run # (the fiber wakes from the loop, ends; the notice comes as it gives the loop back)
+      refute f.alive?
+      assert_equal 1, counted[0], "not raised in the loop: the loop replaces the worker at its next turn"
+      assert_equal 0, @loop.timeouts
+    end
+  end
+
+  def test_inline_a_notice_in_the_schedulers_own_code_on_the_fiber_is_not_raised_there
+    with_stream_loop do |s, _hooks, counted|
+      result = nil
+      f = Fiber.new(blocking: false) do
+        sleep 0.001 # (the first run is the app's request's; from here the loop runs it)
+        s.notice_in_hook = true
+        sleep 0.001 # (the notice comes while this wait is being registered)
+        s.notice_in_hook = false
+        result = :woke
+      rescue Blackbuck::RequestTimeout
+        result = :raised
+      end
+      s.start(f)
+      s.run
+      assert_equal :woke, result, "the wait was registered whole and the fiber woke from it"
+      assert_equal 1, counted[0]
+      assert_equal 0, s.waiting
+    end
+  end
+
+  def test_inline_a_notice_in_a_streams_run_is_raised_in_its_fiber_and_replaces_the_worker
+    with_stream_loop do |s, _hooks, counted|
+      result = nil
+      f = Fiber.new(blocking: false) do
+        sleep 0.001
+        Process.kill(:USR2, Process.pid) # (the body spins here: the notice comes in its run)
+        result = :not_raised
+      rescue Blackbuck::RequestTimeout
+        result = :raised
+      end
+      s.start(f)
+      s.run
+      assert_equal :raised, result
+      assert_equal 1, @loop.timeouts, "the loop is told: the worker is replaced even if the body rescues it"
+      assert_equal 0, counted[0]
+    end
   end
 
   def threads(size, app)
@@ -238,12 +341,12 @@ class AppRunnerTest < Minitest::Test
     assert_equal [:running, 2, Native::Scoreboard::STOPPING, nil, nil], @gate.calls.last
   end
 
-  # A runner reaches the loop only through the Port: stop_accepting (Inline) and saturated (Threads)
+  # A runner reaches the loop only through the Port: stop_accepting and timed_out (Inline), saturated (Threads)
   # (a call to anything else on a fake port raises: it is the Port Struct), and the runner a real
   # Worker builds holds no way to the Worker itself (nor does anything it holds, but the port's
   # callables).
   def test_the_loop_is_reached_only_through_the_port
-    assert_equal %i[stop_accepting saturated], Blackbuck::AppRunner::Port.members
+    assert_equal %i[stop_accepting saturated timed_out], Blackbuck::AppRunner::Port.members
     assert_raises(NoMethodError) { FakeLoop.new.port.woke_at }
     { 1 => Blackbuck::AppRunner::Inline, 2 => Blackbuck::AppRunner::Threads }.each do |threads, kind|
       worker, pair = WorkerRooms.build(threads: threads)

@@ -85,7 +85,7 @@ class ResponseTest < Minitest::Test
                 Response::RETIRE_WRITTEN, Response::RETIRE_CLOSE, Response::RETIRE_DROP]
     assert_equal %i[done written hijacked close drop retire_written retire_close retire_drop], outcomes
     assert_equal({ done: :retire_written, written: :retire_written, close: :retire_close, drop: :retire_drop,
-                   hijacked: :hijacked, streaming: :streaming }, Response::RETIRE)
+                   hijacked: :hijacked, streaming: :retire_streaming }, Response::RETIRE)
     assert_equal :streaming, Response::STREAMING # (a stream's end maps its own mode: Response#finish_later)
   end
 

@@ -31,17 +31,25 @@ module Blackbuck
   #   stop_accepting.()   Inline: the stop-accepting signal came just before the app starts
   #                       (Worker#stop_accepting_in_app)
   #   saturated.()        Threads: every app thread has a request now (the loop stops taking work)
+  #   timed_out.()        Inline with streams: the request timeout's notice was raised in a stream's
+  #                       run (the worker is replaced whatever the body does with it); from the trap,
+  #                       so it only counts: the loop retires the worker at its next turn (Worker#tick)
   module AppRunner
     # What a runner asks of the loop (the module comment); each member a callable.
-    Port = Struct.new(:stop_accepting, :saturated, keyword_init: true)
+    Port = Struct.new(:stop_accepting, :saturated, :timed_out, keyword_init: true)
 
     # threads 1: the app runs on the loop's own thread. The scoreboard's request_start/request_done
     # go through the gate: the scoreboard, or the hand-off watcher when there is one (#handoff), which
     # may move this worker's waiting connections while the app runs; the Balancer releases them.
     class Inline
-      # port: a Port (stop_accepting).
-      def initialize(port, request, response, scoreboard, index)
+      # port: a Port (stop_accepting, timed_out). streams: the worker's Streams (the streams setting),
+      # or nil.
+      def initialize(port, request, response, scoreboard, index, streams: nil)
         @stop_accepting = port.stop_accepting
+        @timed_out = port.timed_out
+        @streams = streams
+        @scheduler = nil # the Streams' Scheduler, once the loop has one (#start)
+        @stream_run = false # a stream's fiber runs from the loop (#stream_run_begin)
         @request = request
         @response = response
         @gate = scoreboard
@@ -52,7 +60,9 @@ module Blackbuck
         @stop_accepting_asked = false
       end
 
-      def start(_poller) = nil
+      def start(_poller)
+        @scheduler = @streams&.scheduler
+      end
 
       # Balancer#start: request_start/request_done through the hand-off watcher from now on.
       def handoff(watcher, balancer)
@@ -89,6 +99,7 @@ module Blackbuck
           Response::RETIRE_DROP
         ensure
           @in_app = false
+          @scheduler&.disown! # (a body that waits made the rest of the request the server's: Streams#start)
           moved = @gate.request_done(@index, @done_state)
           @balancer.release_moved(moved) if moved
           @request.take_spilled.close! if @request.spilled
@@ -103,12 +114,14 @@ module Blackbuck
       # holds the hand-off watcher's lock meanwhile, so nothing moves during a run.
       def stream_run_begin(method, path)
         @scoreboard.running(@index, nil, 0.0, method, path)
+        @stream_run = true
         @in_app = true
       end
 
       # ... and has given the loop back: the slot shows the worker free again.
       def stream_run_end
         @in_app = false
+        @stream_run = false
         @scoreboard.running(@index, @done_state, nil, nil, nil)
       end
 
@@ -116,9 +129,17 @@ module Blackbuck
       def streams_port = Streams::Port.new(run_begin: method(:stream_run_begin), run_end: method(:stream_run_end))
 
       # From the USR2 trap: raised in the loop's thread, inside the app (the worker is replaced once
-      # the request is over: Response::RETIRE). Nothing is left for the loop to do.
+      # the request is over: Response::RETIRE). With streams, only where the app's code runs
+      # (Scheduler#interruptible?): one that comes in the scheduler's own code or as a stream's fiber
+      # gives the loop back is not raised there (it would end the loop), and answers true: the loop
+      # replaces the worker (Worker#tick). One raised in a stream's run replaces the worker too, even
+      # when the body rescues it (timed_out). Not in the app: nothing (false).
       def time_out(limit)
-        raise @response.timeout_notice(limit) if @in_app
+        return false unless @in_app
+        return true if @scheduler && !@scheduler.interruptible?
+
+        @timed_out.call if @stream_run
+        raise @response.timeout_notice(limit)
       end
 
       def stopping!

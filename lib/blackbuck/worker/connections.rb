@@ -336,8 +336,12 @@ module Blackbuck
       when Response::CLOSE then close(conn)
       when Response::DROP then drop(conn)
       when Response::STREAMING then stream_wait(conn, @streams.draining?(conn))
-      when Response::RETIRE_WRITTEN, Response::RETIRE_CLOSE, Response::RETIRE_DROP
+      when Response::RETIRE_WRITTEN, Response::RETIRE_CLOSE, Response::RETIRE_DROP, Response::RETIRE_STREAMING
         @replace.call("its request timed out or left the process unsafe (logged above)")
+        if mode == Response::RETIRE_STREAMING # the body waits on its fiber: it ends with the worker's stop
+          stream_wait(conn, @streams.draining?(conn))
+          return false
+        end
         return answered(conn) if mode == Response::RETIRE_WRITTEN
 
         mode == Response::RETIRE_CLOSE ? close(conn) : drop(conn)

@@ -35,8 +35,9 @@ module Blackbuck
     RETIRE_WRITTEN = :retire_written
     RETIRE_CLOSE = :retire_close
     RETIRE_DROP = :retire_drop
+    RETIRE_STREAMING = :retire_streaming # as STREAMING, and the worker is replaced now (its streams end with its stop)
     RETIRE = { DONE => RETIRE_WRITTEN, WRITTEN => RETIRE_WRITTEN, CLOSE => RETIRE_CLOSE, DROP => RETIRE_DROP,
-               HIJACKED => HIJACKED, STREAMING => STREAMING }.freeze
+               HIJACKED => HIJACKED, STREAMING => RETIRE_STREAMING }.freeze # (a RETIRE_ one stays as it is)
     # Exceptions outside StandardError that are answered 500 (as every app error is) and then replace
     # the worker: memory ran out, the app called `exit` or raised a signal's exception (it meant the
     # process to end). Others (Exception itself, SecurityError) are answered 500 and the worker serves on.
@@ -87,7 +88,7 @@ module Blackbuck
         @logger.exception("request timeout (#{@timeout}s), rescued by the app: #{env['REQUEST_METHOD']} #{path}", @notice)
         @retire = true
       end
-      @retire ? RETIRE.fetch(mode) : mode
+      @retire ? RETIRE.fetch(mode, mode) : mode
     ensure
       @notice = nil
       @retire = false # (a stream's end reads it: Response#finish_later)
@@ -136,14 +137,19 @@ module Blackbuck
     # The body waits on its stream's fiber (Streams): it is closed and the rack.response_finished
     # callbacks run when the stream ends, and its mode becomes a RETIRE one if its end replaces the
     # worker (a request timeout in a run of the fiber). The callbacks are taken out of the Array the
-    # worker's env templates share: the next request's start empty.
+    # worker's env templates share, into one of the stream's own that its env holds from now on: the
+    # next request's start empty, and a callback the body adds while it streams
+    # (`env["rack.response_finished"] << cb`) runs when this stream ends, not with a later request's.
+    # (A body that kept the Array itself from app.call adds to the shared one: it runs with the next
+    # request's.)
     def finish_later(conn, env, status, headers, body, finished)
-      callbacks = finished.empty? ? nil : finished.dup
+      callbacks = finished.dup
       finished.clear
+      env[RESPONSE_FINISHED] = callbacks if env[RESPONSE_FINISHED].equal?(finished)
       @streams.ends_with(conn) do |mode|
         close_body(body) if body.respond_to?(:close)
-        run_finished(callbacks, env, status, headers, nil) if callbacks
-        mode = RETIRE.fetch(mode) if @retire
+        run_finished(callbacks, env, status, headers, nil) unless callbacks.empty?
+        mode = RETIRE.fetch(mode, mode) if @retire
         @retire = false
         mode
       end

@@ -25,9 +25,20 @@ module Blackbuck
   #
   # hooks: an object with before(fiber) and after(fiber), called around every run of a fiber the
   # loop resumes (Streams: the request clock, the end of a stream), or nil.
+  #
+  # The master's request-timeout notice (USR2) is raised from a trap, wherever the loop's thread is
+  # then. It belongs in the app's code only: #interruptible? says whether it may be raised now. Not in
+  # this scheduler's own code (a hook's bookkeeping before it suspends, the switch to a fiber and
+  # back: #own), and never on the loop's fiber while a fiber of ours is being run, which is where a
+  # fiber that ended or waits gives the loop back. (Thread.handle_interrupt cannot do this: a trap's
+  # raise is not an interrupt it defers, and its masks are the thread's, not a fiber's, so a mask
+  # around a switch would be popped by whichever fiber leaves its block first.)
   class Scheduler
     # What a suspended fiber waits for: an fd and its events (io_wait), a blocker (block), a timer.
-    Wait = Struct.new(:fiber, :blocker, :fd, :events, :timer)
+    Wait = Struct.new(:fiber, :blocker, :fd, :events, :timer, :io)
+    # What a fiber waiting on a descriptor gets when the descriptor is closed meanwhile (#io_close,
+    # #fiber_interrupt): what a thread blocked on it gets in Ruby.
+    STREAM_CLOSED = "stream closed in another thread"
     # A timer: due `at` (monotonic seconds); `seq` orders equal deadlines. wait: the wait it ends
     # (nil once cancelled, or for timeout_after: any wait of `fiber`); value: what the fiber gets.
     Timer = Struct.new(:at, :seq, :fiber, :wait, :value, :any)
@@ -54,11 +65,25 @@ module Blackbuck
       @current = nil  # the fiber this loop is running now (hooks suspend only inside one of ours)
       @stopping = nil # an exception every later wait raises at once (#stop)
       @fallback = nil # [fiber, reader, writer] waiting the thread outside our fibers (block)
+      @own = false    # this scheduler's (or Streams') own code runs: no timeout notice now (#interruptible?)
+      @thread = Thread.current # the loop's (unblock and fiber_interrupt may come from others)
     end
 
     def wake_fd = @wake_r.fileno
     def waiting = @waits.size
     def waiting?(fiber) = @waits.key?(fiber)
+
+    # May the request timeout's notice be raised here and now (from the trap, on the loop's thread)?
+    # Yes in the app's code: a fiber of ours running its body, or the loop's fiber running app.call.
+    # No in this scheduler's own code (#own), nor on the loop's fiber while a fiber of ours is being
+    # run (it gave the loop back: the switch is not over yet).
+    def interruptible? = !@own && (@current.nil? || !Fiber.current.equal?(@loop))
+
+    # The code that runs from now is the server's, not the app's: no notice is raised in it
+    # (Streams#start's bookkeeping, and the rest of a request whose body now waits on its fiber),
+    # until #disown! (AppRunner::Inline: the request is over) or a fiber of ours runs.
+    def own! = (@own = true)
+    def disown! = (@own = false)
 
     # Runs block on a new non-blocking fiber until it finishes or first waits. The block's value when
     # it finished, else nil (fiber.alive? says which). From the loop's fiber.
@@ -106,9 +131,48 @@ module Blackbuck
       @wake_r.read_nonblock(64, exception: false)
       @signaled = false # (before the list is drained: an unblock after this writes again)
       until @ready.empty?
-        blocker, fiber = @ready.pop
+        blocker, fiber, interrupted = @ready.pop
         wait = @waits[fiber]
-        resume(fiber, true) if wait&.blocker && wait.blocker.equal?(blocker)
+        if blocker.is_a?(Exception) # #fiber_interrupt, #io_close: the wait it was told of, if it still waits
+          resume(fiber, blocker) if wait && (interrupted.nil? || wait.equal?(interrupted))
+        elsif wait && (wait.blocker ? wait.blocker.equal?(blocker) : wait.fd.nil?)
+          resume(fiber, true) # (Ruby unblocks a fiber it put to sleep too: Mutex#sleep, IO#close's wait)
+        end
+      end
+    end
+
+    # Ruby 3.4 and older tell a scheduler of no close (no io_close, no fiber_interrupt): a fiber
+    # waiting on a descriptor that is closed meanwhile would wait on for ever (epoll forgets a closed
+    # file by itself). The loop looks on its tick (Worker#tick; #run, every turn): each such fiber is
+    # resumed with the IOError a blocked thread gets, and the number is forgotten without a call to
+    # the poller (it may be another file's by now). Nothing to do when no fiber waits on a descriptor.
+    def reap_closed
+      return if @io.empty?
+
+      @io.keys.each do |fd|
+        waits = @io[fd] # (a fiber resumed below may have ended its wait on another: nil then)
+        next unless waits&.any? { |w| w.io&.closed? }
+
+        forget_closed_fd(fd)
+        waits.each { |w| resume(w.fiber, IOError.new(STREAM_CLOSED)) if @waits[w.fiber].equal?(w) }
+      end
+    end
+
+    # Ruby 3.4 and older, when a descriptor a fiber of ours waits on is closed by another thread,
+    # raise the closer's IOError in whatever this thread runs then ("stream closed in another thread":
+    # a pending interrupt, for want of fiber_interrupt), which is the loop. The loop runs inside this:
+    # that interrupt is never raised on this thread (#reap_closed resumes the waiter instead). Only
+    # IOError's pending interrupts: the request timeout's notice is raised by the trap itself.
+    # Such interrupts still pending when it ends are dropped (they were meant for fibers long resumed).
+    def guard_loop
+      Thread.handle_interrupt(IOError => :never) do
+        yield
+      ensure
+        begin # (one raised per pass, until none is left; Thread.pending_interrupt?(IOError) crashes Ruby 3.1.2)
+          Thread.handle_interrupt(IOError => :immediate) { Thread.pass }
+        rescue IOError
+          retry
+        end
       end
     end
 
@@ -131,8 +195,13 @@ module Blackbuck
     # Without the worker (a unit test, or Ruby closing the scheduler): runs the loop itself until no
     # fiber waits here.
     def run
+      guard_loop { run_turns }
+    end
+
+    def run_turns # (#run's loop, inside #guard_loop)
       events = []
       until @waits.empty?
+        reap_closed
         t = next_deadline(now + 1)
         ms = @timers.empty? && @io.empty? && @ready.empty? ? 1000 : ((t - now) * 1000).ceil.clamp(0, 1000)
         @poller.wait(ms, events)
@@ -144,6 +213,8 @@ module Blackbuck
         run_timers(now)
       end
     end
+
+    private :run_turns
 
     # Ruby calls this when the scheduler is replaced (Fiber.set_scheduler) or its thread ends: the
     # worker has ended every stream by then; nothing more runs here.
@@ -159,9 +230,11 @@ module Blackbuck
     def kernel_sleep(duration = nil)
       return blocking_sleep(duration) unless ours?
 
-      wait = Wait.new(Fiber.current)
-      wait.timer = add_timer(duration, wait, nil) if duration
-      suspend(wait)
+      own do
+        wait = Wait.new(Fiber.current)
+        wait.timer = add_timer(duration, wait, nil) if duration
+        suspend(wait)
+      end
       nil
     end
 
@@ -170,23 +243,23 @@ module Blackbuck
     def block(blocker, timeout = nil)
       return blocking_block(blocker, timeout) unless ours?
 
-      wait = Wait.new(Fiber.current, blocker)
-      wait.timer = add_timer(timeout, wait, false) if timeout
-      suspend(wait)
+      own do
+        wait = Wait.new(Fiber.current, blocker)
+        wait.timer = add_timer(timeout, wait, false) if timeout
+        suspend(wait)
+      end
     end
 
-    # May be called from any thread.
+    # May be called from any thread (on the loop's, it is this scheduler's code: #own).
     def unblock(blocker, fiber)
       fb = @fallback
       if fb && fb[0].equal?(fiber) # the loop's own thread waits in #blocking_block
         fb[2].write_nonblock(".", exception: false)
         return
       end
-      @ready.push([blocker, fiber])
-      return if @signaled # (read after the push: the loop clears it before it drains the list)
+      return own { ready(blocker, fiber) } if Thread.current.equal?(@thread)
 
-      @signaled = true
-      @wake_w.write_nonblock(".", exception: false)
+      ready(blocker, fiber)
     end
 
     # IO#wait_readable, a read or write on a non-blocking IO that would block: the events ready, or
@@ -194,12 +267,39 @@ module Blackbuck
     def io_wait(io, events, timeout = nil)
       return blocking_io_wait(io, events, timeout) unless ours?
 
-      fd = io.fileno
-      wait = Wait.new(Fiber.current, nil, fd, events)
-      wait.timer = add_timer(timeout, wait, false) if timeout
-      (@io[fd] ||= []) << wait
-      reregister(fd, nil)
-      suspend(wait)
+      own do
+        fd = io.fileno
+        wait = Wait.new(Fiber.current, nil, fd, events, nil, io)
+        wait.timer = add_timer(timeout, wait, false) if timeout
+        (@io[fd] ||= []) << wait
+        reregister(fd, nil)
+        suspend(wait)
+      end
+    end
+
+    # Ruby 4.0 and later: a descriptor is being closed (IO#close, before close(2)). A fiber still
+    # waiting on it is resumed with the IOError a blocked thread gets (Ruby tells it through
+    # #fiber_interrupt first; this catches what is left), and the poller forgets the number now,
+    # while it is still this file's. nil: Ruby closes it as usual. (Ruby 3.4 and older call
+    # neither hook: see docs/ARCHITECTURE.md, "Long streams".)
+    def io_close(fd)
+      own do
+        if (waits = @io[fd])
+          waits.dup.each { |w| resume_later(w.fiber, IOError.new(STREAM_CLOSED)) if @waits[w.fiber].equal?(w) }
+        end
+        forget_fd(fd)
+      end
+      nil
+    end
+
+    # Ruby 4.0 and later: an operation of `fiber` is to end with `error` (a descriptor it waits on is
+    # being closed, IO#close from any thread): it is resumed with the error raised where it waits, from
+    # the loop (the closer goes on at once, as it would if the waiter were a thread). May be called
+    # from any thread.
+    def fiber_interrupt(fiber, error)
+      return own { resume_later(fiber, error) } if Thread.current.equal?(@thread)
+
+      resume_later(fiber, error)
     end
 
     # Timeout.timeout inside one of our fibers: the timer raises `error` where the fiber waits. In a
@@ -210,7 +310,7 @@ module Blackbuck
       return yield(duration) unless duration
       return blocking_timeout(duration, error, args, &block) unless ours?
 
-      timer = add_timer(duration, nil, -> { error.exception(*args) }, Fiber.current)
+      timer = own { add_timer(duration, nil, -> { error.exception(*args) }, Fiber.current) }
       begin
         yield duration
       ensure
@@ -222,21 +322,66 @@ module Blackbuck
 
     def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
+    # Puts fiber on the ready list (value: true for an unblocked blocker, an Exception to raise where
+    # it waits) and wakes the loop. From any thread: the list has its own lock.
+    def ready(value, fiber, wait = nil)
+      @ready.push([value, fiber, wait])
+      return if @signaled # (read after the push: the loop clears it before it drains the list)
+
+      @signaled = true
+      @wake_w.write_nonblock(".", exception: false)
+    end
+
+    def resume_later(fiber, error) = ready(error, fiber, @waits[fiber])
+
+    # A descriptor closed already (Ruby told us nothing): forgotten here only (the poller dropped it
+    # when it closed, and the number may be another file's now).
+    def forget_closed_fd(fd)
+      waits = @io.delete(fd)
+      waits.each { |w| w.fd = nil }
+      (@registered ||= {}).delete(fd)
+    end
+
+    # A descriptor that is being closed: the poller and this scheduler forget it (its waits stay until
+    # their fibers are resumed, and are no longer the fd's).
+    def forget_fd(fd)
+      return unless (waits = @io.delete(fd))
+
+      waits.each { |w| w.fd = nil }
+      @poller.delete(fd) if (@registered ||= {}).delete(fd)
+    end
+
     # A hook may suspend only on a fiber this loop runs (or one it resumed: an Enumerator's).
     def ours? = !@current.nil? && !Fiber.current.equal?(@loop)
 
     def switch_to(fiber, value, hooked)
       raise "[BUG] Scheduler: fibers are resumed from the loop's fiber only" unless Fiber.current.equal?(@loop)
 
-      @hooks&.before(fiber) if hooked
       outer = @current
-      @current = fiber
+      own = @own
+      @own = true # (the switch is this scheduler's code, until the fiber runs)
+      @current = fiber # (from here the loop's fiber takes no notice: #interruptible?)
       begin
+        @hooks&.before(fiber) if hooked
+        @own = false
         fiber.transfer(value)
       ensure
-        @current = outer
+        @own = true
         @hooks&.after(fiber) if hooked
+        @current = outer
+        @own = own
       end
+    end
+
+    # Runs the block as this scheduler's own code (a hook's bookkeeping on the fiber that called it):
+    # no timeout notice is raised in it. A hook that suspends inside gets the fiber's own state back
+    # when it is resumed (#switch_to clears it before the switch).
+    def own
+      was = @own
+      @own = true
+      yield
+    ensure
+      @own = was
     end
 
     def suspend(wait)

@@ -73,13 +73,27 @@ module Blackbuck
     # An fd the loop does not know: the scheduler's wake-up pipe, or one a stream body waits on.
     def on_fd(fd, ev) = @scheduler.io_ready(fd, ev)
 
+    # The loop runs inside this (Scheduler#guard_loop), and looks for descriptors closed under a
+    # waiting body on its tick (Scheduler#reap_closed): what Ruby 3.4 and older do not tell a scheduler.
+    def guard_loop(&) = @scheduler.guard_loop(&)
+    def reap_closed = @scheduler.reap_closed
+
     # Runs the block (Response's writing of a streamed body) on a new fiber until it ends or first
     # waits: its value (a Response mode) when it ended, else Response::STREAMING (the fiber waits; its
     # end calls `finish`, given to #ends_with).
+    #
+    # The request timeout's notice is not raised in this bookkeeping (Scheduler#own!): only in the
+    # body, on its fiber. When the body ended, the request goes on as the app's (Response closes the
+    # body and runs the callbacks); when it waits, what is left of the request is the server's, until
+    # AppRunner::Inline has it back (Scheduler#disown!).
     def start(conn, env, &block)
+      scheduler = @scheduler
+      scheduler.own!
       open = Open.new(conn, nil, env["REQUEST_METHOD"], env["PATH_INFO"])
       fiber = open.fiber = Fiber.new(blocking: false) do
         open.mode = block.call
+      rescue RequestTimeout # the notice came as the body ended, past Response's rescues: cut short
+        open.mode = Response::RETIRE_DROP
       rescue Exception => e # rubocop:disable Lint/RescueException -- a fiber's exception would end the loop
         @logger.exception("[BUG] a stream's fiber raised past Response: #{open.method} #{open.path}", e)
         open.mode = Response::DROP
@@ -88,12 +102,13 @@ module Blackbuck
       @by_fd[conn.fd] = open
       @starting = open
       begin
-        @scheduler.start(fiber)
+        scheduler.start(fiber)
       ensure
         @starting = nil
       end
       unless fiber.alive?
         forget(open)
+        scheduler.disown!
         return open.mode
       end
       @scoreboard.streams(@index, @by_fd.size)

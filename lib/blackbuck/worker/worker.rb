@@ -98,7 +98,7 @@ module Blackbuck
       @runner = if @multithread
                   AppRunner::Threads.new(runner_port, config, app, @request, scoreboard, index, logger)
                 else
-                  AppRunner::Inline.new(runner_port, @request, @response, scoreboard, index)
+                  AppRunner::Inline.new(runner_port, @request, @response, scoreboard, index, streams: @streams)
                 end
       # Moves between workers, and whether there is room for one more (handoff: [send end, receive
       # end] of the generation's hand-off socket pair, or nil).
@@ -136,8 +136,15 @@ module Blackbuck
       @memory.start # oob_major_gc: from here Ruby runs no major GC by itself
       @logger.info("worker #{@index} (pid #{Process.pid}) ready")
       @next_tick = now
-      loop_until_done
-      end_streams # (a stream's body is the app's code: before Ruby's own majors come back, #memory.stop)
+      if @streams # (a stream's body is the app's code: ended before Ruby's own majors come back, #memory.stop)
+        @streams.guard_loop do
+          loop_until_done
+          end_streams
+        end
+        Fiber.set_scheduler(nil)
+      else
+        loop_until_done
+      end
       @memory.stop
       @runner.stop
       @balancer.stop
@@ -157,12 +164,9 @@ module Blackbuck
     private # (the rooms call none of these: only what their ports hold, #ports)
 
     # The loop is over: streams still open end now (StreamStop; a forced stop, or a mold to fork: the
-    # mold holds no stream), and the fiber scheduler is taken off the thread.
+    # mold holds no stream). (#run then takes the fiber scheduler off the thread.)
     def end_streams
-      return unless @streams
-
       @streams.stop_all if @streams.size.positive?
-      Fiber.set_scheduler(nil)
     end
 
     def pause_accepting
@@ -255,7 +259,9 @@ module Blackbuck
         saturated: lambda do
           @saturated = @connections.saturated = true
           pause_accepting if @balancer.saturated
-        end
+        end,
+        # A request timeout's notice reached a stream's run (from the trap: only counted; #tick retires)
+        timed_out: -> { @timeout_notices += 1 }
       )
       # A stream's fiber runs again from the loop: the app's time (AppRunner::Inline's clock and timeout).
       streams = Streams::Port.new(run_begin: ->(method, path) { @runner.stream_run_begin(method, path) },
@@ -414,9 +420,12 @@ module Blackbuck
     # that request comes back, which it may never do (a C call holding the GVL, code rescuing
     # Exception): the master kills it KILL_GRACE seconds after the notice. Its idle connections move
     # to the siblings, and so do the requests queued for its threads (Balancer#move_queued); those the
-    # other threads run finish, their responses saying "Connection: close".
+    # other threads run finish, their responses saying "Connection: close". With one app thread and
+    # streams: the notice reached a stream's run, or came as a stream's fiber gave the loop back
+    # (AppRunner::Inline#time_out); the streams end with the stop.
     def timed_out_in_thread
-      retire("a request ran past the timeout (#{@config[:timeout]}s); its thread was told to stop", :timeout)
+      told = @multithread ? "its thread was told to stop" : "a stream's run was told, or had just given the loop back"
+      retire("a request ran past the timeout (#{@config[:timeout]}s); #{told}", :timeout)
       moved = @balancer.move_queued
       @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} queued requests to its siblings") if moved.positive?
     end
@@ -486,6 +495,7 @@ module Blackbuck
         timed_out_in_thread
       end
       @connections.expire(t)
+      @streams&.reap_closed # (Ruby 3.4 and older: a descriptor closed under a waiting body)
       resume_accepting if @paused # e.g. after EMFILE with no connection left to close
       # a listen queue whose one wake-up went to a worker that could not accept (EPOLLEXCLUSIVE) waits
       # a tick at most, even when the wake-up that worker passed on was taken with a connection behind it
