@@ -252,7 +252,7 @@ class ReforkTest < ServerTest
     assert st.success?, err
     assert_match(/^refork: generation 1, mold pid #{s.dig('refork', 'mold', 'pid')}$/, out)
     assert_match(/^memory \(USS\): master \d+\.\d MiB, mold \d+\.\d MiB, 2 workers \d+\.\d MiB; total PSS \d+\.\d MiB$/, out)
-    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+CURRENT\s+RUNNING\s+HEARTBEAT\s+GEN\s+USS$/, out)
+    assert_match(/^WORKER\s+PID\s+STATE\s+REQUESTS\s+CONNS\s+STREAMS\s+CURRENT\s+RUNNING\s+HEARTBEAT\s+GEN\s+USS$/, out)
     assert_equal 2, out.lines.grep(/^\d+\s+\d+\s+\w+\s.*\s1\s+\d+\.\d MiB$/).size, "both workers of generation 1, with their USS:\n#{out}"
   end
 
