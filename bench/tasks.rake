@@ -2,7 +2,7 @@
 
 # Loaded by the project's Rakefile. Both benchmark tasks tolerate absent servers (reported in
 # the table). BENCH_ARGS passes flags through, e.g. BENCH_ARGS="--servers blackbuck,nginx";
-# BENCH_ONLY=NAME runs a named subset (hello, iowait, mixed, rails, sinatra, big, memory, yjit, peers).
+# BENCH_ONLY=NAME runs a named subset (hello, iowait, mixed, rails, sinatra, big, memory, streams, yjit, peers).
 desc "Full benchmark matrix (bench/README.md, < 45 min; BENCH_ONLY=mixed etc. for a subset); writes bench/results/latest.{json,md,png}"
 task :bench do
   ENV["BLACKBUCK_BENCH_COMMAND"] ||= "bundle exec rake bench"
@@ -25,6 +25,7 @@ namespace :bench do
     ruby File.join(__dir__, "test", "memory_app_test.rb")
     ruby File.join(__dir__, "test", "plan_docs_test.rb")
     ruby File.join(__dir__, "test", "server_ruby_test.rb")
+    ruby File.join(__dir__, "test", "streams_test.rb")
   end
 
   desc "Install what the benchmark needs (Debian packages, gems outside the bundle)"

@@ -192,7 +192,7 @@ class MemoryTest < Minitest::Test
     memory = steps.find { |s| s.workload.memory? }
     assert(memory.servers.all? { |n| Servers.fetch(n).only == "memory" })
     assert_includes memory.servers, "blackbuck-warmup-refork+yjit64"
-    assert((steps - [memory]).none? { |s| s.servers.any? { |n| Servers.fetch(n).only } })
+    assert((steps - [memory]).none? { |s| s.servers.any? { |n| Servers.fetch(n).only == "memory" } })
     quick = BlackbuckBench.parse_options(["--quick"], env: {})
     assert(Plan.build(quick).none? { |s| s.workload.memory? })
   end

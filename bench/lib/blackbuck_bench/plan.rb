@@ -28,6 +28,13 @@ module BlackbuckBench
     # the memory workload's share of a full run, on top of FULL_RUN_BUDGET_S: 51 rows (17 configurations,
     # each with and without jemalloc and YJIT, and three with YJIT's 64 MiB code region), ~26 min
     MEMORY_BUDGET_S = 30 * 60
+    # One streams row (StreamsStep), at most: a boot alone (~3 s), warm-up and the fast load alone
+    # (--warmup + 2 s), the client's start, its bound (StreamShape#bound_s, 19 s: a server that does
+    # not hold 1,000 streams reaches it) and a stop that may wait for busy workers. A server that
+    # holds every stream leaves after ~5 s of streams: the estimate is the bound's.
+    STREAMS_ROW_EXTRA_S = 8
+    # the streams workload's share of a full run, on top of the others: 8 rows, ~4 min
+    STREAMS_BUDGET_S = 6 * 60
 
     # cells_for: the cells a server runs: all of them, but in --quick only the first for the rows
     # that are the comparison (the +yjit twins; on a Ruby with YJIT by default, the rows without it)
@@ -76,9 +83,12 @@ module BlackbuckBench
       opts[:servers].select do |name|
         r = Servers.fetch(name)
         base = name.delete_suffix("+yjit") # quick_servers and threaded name the rows, not their twins
-        # the memory workload runs its own rows (on its Rails app), and they run nowhere else
-        next r.only == w.name if w.memory? || r.only
+        # the memory workload runs its own rows (on its Rails app), and they run nowhere else; a
+        # row of another workload (blackbuck-streams) runs there only, by the rules below
+        next r.only == w.name if w.memory?
+        next false if r.only && r.only != w.name
         next true if opts[:servers_given] && (r.ruby? || (w.ceiling && !w.front))
+        next false if w.rows && !w.rows.include?(base)
         next false if r.unfit_for(ruby)
         next false if opts[:quick] && w.quick_servers && !w.quick_servers.include?(base)
         if r.threaded?
@@ -98,12 +108,21 @@ module BlackbuckBench
 
     # => { cells:, measurements:, boots:, seconds: }; absent servers (present: false) cost nothing
     # The memory workload's rows are measured once each (no --repeat: see MemoryStep).
+    # The streams workload's rows likewise (StreamsStep), streams_seconds apart too.
     def estimate(steps, opts, present: ->(name) { Servers.fetch(name).absent_reason(server_ruby(opts)).nil? })
       memory, steps = steps.partition { |s| s.workload.memory? }
+      streams, steps = steps.partition { |s| s.workload.streams? }
       rows = memory.sum { |s| s.servers.count(&present) }
+      stream_rows = streams.sum { |s| s.servers.count(&present) }
+      stream_seconds = streams.sum { |s| s.servers.count(&present) * streams_row_s(s, opts) }.round
       e = estimate_throughput(steps, opts, present)
-      { cells: e[:cells] + rows, measurements: e[:measurements] + rows, boots: e[:boots] + rows,
-        seconds: e[:seconds] + rows * MEMORY_ROW_S, memory_seconds: rows * MEMORY_ROW_S }
+      { cells: e[:cells] + rows + stream_rows, measurements: e[:measurements] + rows + stream_rows,
+        boots: e[:boots] + rows + stream_rows, seconds: e[:seconds] + rows * MEMORY_ROW_S + stream_seconds,
+        memory_seconds: rows * MEMORY_ROW_S, streams_seconds: stream_seconds }
+    end
+
+    def streams_row_s(step, opts)
+      STREAMS_ROW_EXTRA_S + opts[:warmup] + step.duration + MEASURE_OVERHEAD_S + step.workload.streams.bound_s
     end
 
     def estimate_throughput(steps, opts, present)
@@ -118,7 +137,8 @@ module BlackbuckBench
         warmup = s.workload.driver ? [opts[:warmup], MIN_RATE_WARMUP_S].max : opts[:warmup]
         n[s] * ((s.workload.rails ? RAILS_BOOT_S : BOOT_S) + warmup)
       end
-      cross = opts[:crosscheck] ? CROSSCHECK_RUNS * (opts[:duration] + MEASURE_OVERHEAD_S) : 0
+      # the cross-check runs in a throughput workload's step (not BENCH_ONLY=memory or streams)
+      cross = opts[:crosscheck] && steps.any? ? CROSSCHECK_RUNS * (opts[:duration] + MEASURE_OVERHEAD_S) : 0
       { cells: cells, measurements: cells * opts[:repeat], boots: boots, seconds: (measuring + booting + cross).round }
     end
 
@@ -126,6 +146,13 @@ module BlackbuckBench
       e = estimate(steps, opts)
       lines = steps.map do |s|
         next "  #{s.workload.name}: #{s.servers.size} servers one at a time, measured once (~#{MEMORY_ROW_S} s each), #{s.workers} workers" if s.workload.memory?
+
+        if s.workload.streams?
+          sh = s.workload.streams
+          next "  #{s.workload.name}: #{s.servers.size} servers one at a time, measured once (at most ~#{streams_row_s(s, opts).round} s each), " \
+               "#{s.workers} workers, #{sh.streams} streams x #{sh.events} events / #{sh.interval_ms} ms (ramp #{sh.ramp_s} s, " \
+               "bound #{sh.bound_s} s) + #{s.connections} fast connections, #{s.duration} s with and without streams"
+        end
 
         "  #{s.workload.name}: #{s.servers.size} servers x #{s.cells.map { |c| c.join('/') }.join(', ')}, " \
           "#{s.workers} workers, #{s.connections} connections, #{s.duration} s"

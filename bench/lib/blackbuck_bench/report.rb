@@ -7,6 +7,7 @@ require "open3"
 require_relative "machine"
 require_relative "workloads"
 require_relative "memory"
+require_relative "streams"
 
 module BlackbuckBench
   # Turns measurements into rows (median and spread per cell, ratios within the run) and writes
@@ -89,6 +90,7 @@ module BlackbuckBench
         "servers" => @servers,
         "crosscheck" => @crosscheck,
         "memory_targets" => memory_targets,
+        "streams_targets" => streams_targets,
         "rows" => @rows
       }
     end
@@ -181,7 +183,16 @@ module BlackbuckBench
         "requests" => ok.sum { |m| m.result.requests.to_i },
         "rps_runs" => rps.map { |x| x.round(1) },
         "load" => load_settings.merge("command" => ok.first&.result&.command)
-      }.merge(memory_fields(mem.first))
+      }.merge(memory_fields(mem.first)).merge(streams_fields(ok.first))
+    end
+
+    # The streams workload's figures (StreamsStep): the stream client's summary, the fast load
+    # alone, memory before, at the peak and at the end.
+    def streams_fields(m) = m&.streams ? { "streams" => m.streams } : {}
+
+    def streams_targets
+      rows = @rows.select { |r| r["streams"] }.to_h { |r| [r["server"], r["streams"]] }
+      rows.empty? ? [] : Streams.evaluate(rows)
     end
 
     # The memory workload's figures (MemoryStep): smaps summary, warm-up, RUBYOPT and LD_PRELOAD.
@@ -256,6 +267,10 @@ module BlackbuckBench
           out << memory_md(rows, step)
           next
         end
+        if w&.streams?
+          out << streams_md(rows, step)
+          next
+        end
         out << "#{step.workers} workers, #{step.connections} connections, #{fmt_num(step.duration, 1)} s x #{@opts[:repeat]} runs\n\n" if step
         out << (w&.mixed? ? mixed_table(rows) : plain_table(rows))
         bests = rows.map { |r| [r["transport"], r["mode"], r["best_peer"]] }.uniq.select(&:last)
@@ -327,6 +342,57 @@ module BlackbuckBench
                "(#{m.dig('warm_up', 'top_ups') || 0}) | #{fmt_int(errors)} | #{m['rubyopt'] ? "`#{m['rubyopt']}`" : '–'} |\n"
       end
       out << "\n" << memory_targets_md
+    end
+
+    # The streams workload: one row per server, then issue 35's targets with pass/fail.
+    def streams_md(rows, step)
+      sh = step&.workload&.streams || STREAMS_SHAPE
+      out = +"#{step&.workers} workers per server, one server at a time. The stream client (bench/lib/blackbuck_bench/sse_client.rb, " \
+             "one Ruby process, TCP) opens #{fmt_int(sh.streams)} streams of GET /sse evenly over #{fmt_num(sh.ramp_s, 1)} s, each " \
+             "#{sh.events} events #{sh.interval_ms} ms apart, and closes what is still open #{fmt_num(sh.bound_s, 0)} s after its " \
+             "start; complete = status 200, every event, and the response's proper end. First event = from the stream's due " \
+             "time (its intended start) to its first event; p99 over every stream requested (> bound: more than 1% had none). " \
+             "Fast = blackbuck-load, #{step&.connections} keep-alive connections on GET / over TCP for #{fmt_num(step&.duration, 1)} s " \
+             "from the ramp's end; alone = the same load before the streams. PSS/stream = (total PSS of the server's processes " \
+             "at the fast load's end − before the streams) / streams requested; end = smaps when the client has finished. " \
+             "Measured once per row.\n\n"
+      out << "| Server | streams complete | first event p50 ms | first event p99 ms | fast req/s | fast p99 ms | fast p99 alone ms | fast p99 with / without | " \
+             "PSS KB/stream | end total PSS KB | end USS KB/worker | fast errors | client CPU s |\n"
+      out << "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+      rows.each do |r|
+        st = r["streams"]
+        unless measured?(r) && st
+          out << "| #{r['server']} | **#{r['status']}** | #{r['reason'].to_s.gsub('|', '/')[0, 160]} | | | | | | | | | | |\n"
+          next
+        end
+        c = st["clients"] || {}
+        ttfe99 = c["ttfe_p99_ms"] ? fmt_num(c["ttfe_p99_ms"], 1) : "> #{fmt_num(sh.bound_s, 0)} s"
+        ending = st["memory_end"] || {}
+        out << "| #{r['server']} | #{fmt_int(st['completed'])} / #{fmt_int(st['requested'])} | " \
+               "#{c['ttfe_p50_ms'] ? fmt_num(c['ttfe_p50_ms'], 1) : "> #{fmt_num(sh.bound_s, 0)} s"} | #{ttfe99} | " \
+               "#{fmt_int(r['rps'])} | #{fmt_num(r['p99_ms'], 2)} | #{fmt_num(st.dig('fast_alone', 'p99_ms'), 2)} | " \
+               "#{fmt_ratio(st['fast_p99_ratio'])} | #{fmt_num(st['pss_kb_per_stream'], 1)} | #{fmt_int(ending['total_pss_kb'])} | " \
+               "#{fmt_int(ending['uss_kb_per_worker'])} | #{fmt_int(r['errors'])} | #{fmt_num(st['client_cpu_s'], 1)} |\n"
+      end
+      failures = rows.filter_map do |r|
+        f = r.dig("streams", "clients", "failures")
+        "#{r['server']}: #{f.map { |k, v| "#{v} #{k}" }.join(', ')}" if f&.any?
+      end
+      out << "\nStreams not complete: #{failures.join('; ')}.\n" if failures.any?
+      out << "\n" << streams_targets_md
+    end
+
+    def streams_targets_md
+      out = +"Targets (issue 35; rows of this run):\n\n| Target | Row | Against | Value | Limit | Result |\n|---|---|---|--:|--:|---|\n"
+      streams_targets.each do |t|
+        result = if t["pass"].nil? then "n/a (#{t['missing']})"
+                 else t["pass"] ? "**pass**" : "**FAIL**"
+                 end
+        value = t["value"].is_a?(Float) ? format("%.2f", t["value"]) : fmt_int(t["value"])
+        limit = t["label"].start_with?("all streams") ? "= #{fmt_int(t['limit'])}" : "≤ #{t['limit']}"
+        out << "| #{t['label']} | #{t['server']} | #{t['peer'] || '–'} | #{value} | #{limit} | #{result} |\n"
+      end
+      out << "\n"
     end
 
     def memory_targets_md

@@ -15,13 +15,14 @@ require_relative "report"
 require_relative "plan"
 require_relative "stats"
 require_relative "memory"
+require_relative "streams"
 require_relative "local"
 
 module BlackbuckBench
   # One measurement of one cell (server, workload, transport, mode) — or why there is none.
   # app holds the workload's name (a workload is an app plus a load shape).
   Measurement = Struct.new(:server, :app, :transport, :mode, :rep, :status, :reason, :result,
-                           :cpu_us_per_req, :server_cpu_s, :memory, :balance, keyword_init: true)
+                           :cpu_us_per_req, :server_cpu_s, :memory, :balance, :streams, keyword_init: true)
 
   # A booted server, and the nginx in front of it when the workload has one.
   Running = Struct.new(:server, :front, :stats_dir, :workers, keyword_init: true) do
@@ -130,6 +131,7 @@ module BlackbuckBench
     def run_step(step)
       @step = step
       return run_memory_step(step) if step.workload.memory?
+      return run_streams_step(step) if step.workload.streams?
 
       app = step.workload.name
       step.servers.each_slice(BOOT_PARALLEL) do |batch|
@@ -161,6 +163,12 @@ module BlackbuckBench
     def run_memory_step(step)
       @measurements.concat(MemoryStep.new(step: step, scratch: @scratch, sockdir: @sockdir, log: method(:log),
                                           info: method(:server_info)).run)
+    end
+
+    # One server at a time, its own procedure (streams.rb).
+    def run_streams_step(step)
+      @measurements.concat(StreamsStep.new(step: step, scratch: @scratch, sockdir: @sockdir, stats_root: @statsdir,
+                                           warmup_s: @opts[:warmup], log: method(:log), info: method(:server_info)).run)
     end
 
     def server_info(recipe)

@@ -26,7 +26,8 @@ module BlackbuckBench
     # ruby: a Ruby server (gets a +yjit twin); yjit_variant: its twin runs only when named
     # threaded: runs only on the workloads that wait (Workload#threaded): Blackbuck with app threads
     # and Puma 8 with 2 threads, its yardstick there
-    # only: the one workload it runs (the memory workload's rows: they boot its Rails app)
+    # only: the one workload it runs (the memory workload's rows: they boot its Rails app; the
+    # streams workload's blackbuck-streams and puma8-2x32-mn); its YJIT twin runs there only too
     # reforked_re: a log line each re-forked worker prints; the memory workload waits for
     # workers - 1 of them (Puma's fork_worker), sending SIGURG when the warm-up did not trigger it
     # needs: ->(server_ruby) { nil, or why this recipe cannot run on that Ruby } (Debian's packages
@@ -80,7 +81,7 @@ module BlackbuckBench
       env = @env
       Recipe.new(name: "#{name}+yjit", summary: -> { "#{summary}; RUBY_YJIT_ENABLE=1" }, executable: @executable,
                  worker_re: worker_re, ready_re: ready_re, bundled: @bundled, variant: @variant || @yjit_variant,
-                 ruby: true, gem: @gem, threaded: @threaded, needs: @needs,
+                 ruby: true, gem: @gem, threaded: @threaded, needs: @needs, only: @only,
                  env: -> { (env.respond_to?(:call) ? env.call : env).merge("RUBY_YJIT_ENABLE" => "1") }, &@build)
     end
 
@@ -133,6 +134,7 @@ module BlackbuckBench
     MN = { "RUBY_MN_THREADS" => "1" }.freeze
     PUMA_RAILS_THREADS = 3  # Rails' default RAILS_MAX_THREADS since 7.2
     PUMA_MANY_THREADS = 5   # Puma 5's default max threads per worker, Rails' before 7.2
+    PUMA_STREAM_THREADS = 32 # issue 35's Puma for streams: 32 threads per worker, on M:N threads
     NGINX_WORKER_CONNECTIONS = 4096
     NGINX_FRONT_WORKERS = 1 # the production-shape proxy: one nginx worker is enough for these rates
     NGINX_UPSTREAM_KEEPALIVE = 16 # idle upstream connections per nginx worker, as docs/DEPLOY.md
@@ -324,10 +326,10 @@ module BlackbuckBench
     IODINE_READY = /INFO: \d+ is running|\(\d+\) worker starting up\./
 
     # Blackbuck with flags: the plain row (no flags), a variant, or a threaded row.
-    def self.blackbuck(name, summary, *flags, variant: false, threaded: false, root: ROOT)
+    def self.blackbuck(name, summary, *flags, variant: false, threaded: false, root: ROOT, only: nil)
       exe = File.join(root.to_s, "exe/blackbuck")
       Recipe.new(
-        name: name, summary: summary, variant: variant, threaded: threaded,
+        name: name, summary: summary, variant: variant, threaded: threaded, only: only,
         executable: -> { root && first_existing(exe) },
         worker_re: /\Ablackbuck worker/,
         ready_re: /worker \d+ .*ready/,
@@ -347,9 +349,9 @@ module BlackbuckBench
     end
 
     # mn: RUBY_MN_THREADS=1, Ruby's M:N thread scheduler (>= 3.3), as HttpArena's Puma entry runs
-    def self.puma8(name, threads, why, threaded: false, mn: false)
+    def self.puma8(name, threads, why, threaded: false, mn: false, only: nil)
       Recipe.new(
-        name: name, threaded: threaded, gem: "puma", env: mn ? MN : {}, needs: (MN_RUBY if mn),
+        name: name, threaded: threaded, gem: "puma", env: mn ? MN : {}, needs: (MN_RUBY if mn), only: only,
         summary: "Puma 8 (RubyGems), workers N, threads #{threads}:#{threads}#{why}, preload_app!, environment none" \
                  "#{mn ? ', RUBY_MN_THREADS=1 (M:N threads)' : ''}",
         executable: -> { bench_bin("puma") },
@@ -384,6 +386,9 @@ module BlackbuckBench
       blackbuck("blackbuck-oob-major",
                 "blackbuck as above with --oob-major-gc: Ruby 3.4's major GCs only between requests (issue 34)",
                 "--oob-major-gc", variant: true),
+      blackbuck("blackbuck-streams",
+                "blackbuck as above with --streams (issue 35: a waiting stream body runs on a fiber); only on the streams workload",
+                "--streams", only: "streams"),
       blackbuck_threads("blackbuck-2x2", 2, "like Puma 8 with 2 threads"),
       blackbuck_threads("blackbuck-2x5", PUMA_MANY_THREADS, "like Puma 8 and Iodine 2x5"),
       blackbuck("blackbuck-base", "BENCH_BASE's blackbuck (another version), defaults", variant: true, root: BASE_ROOT),
@@ -426,6 +431,8 @@ module BlackbuckBench
       puma8("puma8-2x5", PUMA_MANY_THREADS, ""),
       puma8("puma8-2x3-mn", PUMA_RAILS_THREADS, " (Rails' default)", mn: true),
       puma8("puma8-2x5-mn", PUMA_MANY_THREADS, "", mn: true),
+      # the streams workload's Puma with many threads (a thread per stream; M:N makes a thread cheap)
+      puma8("puma8-2x32-mn", PUMA_STREAM_THREADS, "; only on the streams workload", mn: true, only: "streams"),
       Recipe.new(
         name: "pitchfork", gem: "pitchfork",
         summary: "pitchfork 0.18 (RubyGems), worker_processes N, -E none (no keep-alive by design, like Unicorn)",

@@ -26,12 +26,17 @@ module BlackbuckBench
   # threaded     the threaded recipes (Recipe#threaded?: Blackbuck with app threads, Puma 8 with 2
   #              threads) that run it too, on the apps that wait; in --quick only those of
   #              quick_servers
+  # rows         only these servers run it (nil: all; the names of the rows, not their twins)
+  # streams      the streams workload's shape (StreamShape): streams per server, events, interval,
+  #              ramp, bound; its procedure is StreamsStep (streams.rb), one server at a time
   Workload = Struct.new(:name, :app, :title, :cells, :quick_cells, :workers, :connections, :duration,
                         :targets, :front, :ceiling, :yjit, :quick_yjit, :quick_servers, :rails, :without_yjit,
-                        :driver, :threaded, :memory, keyword_init: true) do
+                        :driver, :threaded, :memory, :rows, :streams, keyword_init: true) do
     def mixed? = !targets.nil? && !memory
 
     def memory? = memory == true
+
+    def streams? = !streams.nil?
 
     # blackbuck-load's --target arguments and --json "targets" are keyed by path
     def class_name(path) = targets&.find { |t| t["path"] == path }&.dig("name") || path
@@ -55,6 +60,31 @@ module BlackbuckBench
   MEMORY_WORKLOAD = Workload.new(name: "memory", app: "memory_rails", cells: UNIX_KA, quick_cells: [], workers: 4,
                                  connections: 8, duration: 5, memory: true,
                                  title: "memory after warm-up: Rails app (8.1 on Ruby >= 3.2, 7.2 on 3.1), 15 scaffolds, 90 pages, 4 workers")
+
+  # The streams workload (issue 35, "Tests and numbers"): per server, 1,000 concurrent SSE streams
+  # of 30 events 100 ms apart (bench/apps/streams.ru /sse, read by SseClient), and beside them 20
+  # keep-alive clients on the fast endpoint (/, blackbuck-load as fast as they go), against the same
+  # 20 clients with no streams. One server at a time (1,000 streams each); no quick cells: a row
+  # lasts up to ~30 s and CI's bench:quick must not change.
+  # ramp_s: the streams are opened evenly over it (one a millisecond); bound_s: the stream client
+  # closes what is still open then (ramp + 3 s of events + 15 s for late streams). The fast load
+  # runs from the ramp's end for the workload's duration (events x interval - ramp = 2 s: while
+  # every stream of a server that holds them all is open).
+  StreamShape = Struct.new(:streams, :events, :interval_ms, :ramp_s, :bound_s, keyword_init: true) do
+    def stream_s = events * interval_ms / 1000.0
+  end
+  STREAMS_SHAPE = StreamShape.new(streams: 1000, events: 30, interval_ms: 100, ramp_s: 1.0, bound_s: 19.0)
+  STREAMS_FAST_CONNECTIONS = 20
+  STREAMS_FAST_S = STREAMS_SHAPE.stream_s - STREAMS_SHAPE.ramp_s
+  # Blackbuck with and without --streams, and the peers issue 35 names: Falcon (a fiber per
+  # request), Puma 8 with 5 threads and with 32 on M:N threads, Unicorn, Pitchfork, Iodine
+  STREAMS_ROWS = %w[blackbuck blackbuck-streams falcon puma8-2x5 puma8-2x32-mn unicorn pitchfork iodine-2x1].freeze
+  STREAMS_WORKLOAD = Workload.new(name: "streams", app: "streams", cells: [%w[tcp keepalive]], quick_cells: [], workers: 2,
+                                  connections: STREAMS_FAST_CONNECTIONS, duration: STREAMS_FAST_S, rows: STREAMS_ROWS,
+                                  streams: STREAMS_SHAPE,
+                                  title: "#{STREAMS_SHAPE.streams} SSE streams of #{STREAMS_SHAPE.events} events " \
+                                         "#{STREAMS_SHAPE.interval_ms} ms apart, plus #{STREAMS_FAST_CONNECTIONS} " \
+                                         "keep-alive clients on a fast endpoint, 2 workers")
 
   WORKLOADS = [
     Workload.new(name: "hello_length", app: "hello_length", cells: ALL_CELLS,
@@ -85,7 +115,8 @@ module BlackbuckBench
                  title: "64 KiB response"),
     Workload.new(name: "rails", app: "rails", cells: UNIX_KA, quick_cells: UNIX_KA, yjit: true, rails: true,
                  without_yjit: true, title: "Rails API endpoint rendering JSON (Rails 6.1 on Rack 2.2 on Ruby 3.1, 8.1 on Rack 3.1 on 3.4 and 4.0)"),
-    MEMORY_WORKLOAD
+    MEMORY_WORKLOAD,
+    STREAMS_WORKLOAD
   ].freeze
 
   # A full run: every workload but the seed hello (its framing is in hello_length's probe; name
@@ -122,6 +153,7 @@ module BlackbuckBench
     "sinatra" => { workloads: %w[sinatra] },
     "big" => { workloads: %w[big] },
     "memory" => { workloads: %w[memory] },
+    "streams" => { workloads: %w[streams] },
     # YJIT against no YJIT: the workloads the twins run, Ruby servers only
     "yjit" => { workloads: WORKLOADS.select(&:yjit).map(&:name), servers: :ruby_with_twins },
     # the new peers against Blackbuck on the hello workload, UNIX socket keep-alive
