@@ -201,6 +201,12 @@ class StreamsTest < Minitest::Test
     assert_in_delta 0.333, t[2]["value"]
     assert_equal "falcon+yjit", t[3]["peer"]
 
+    starved = Streams.derive(summary: summary(1000, 4.0), before: nil, peak: nil, ending: nil, fast_alone: fast(1.0),
+                             fast_with: Result.new(requests: 0, rps: 0.0, p99_ms: 0.0, errors: 0, error_detail: {}))
+    assert_equal [0, nil], starved.values_at("fast_requests", "fast_p99_ratio"), "no fast request: no p99 of 0 ms"
+    t = Streams.evaluate("blackbuck-streams" => starved)
+    assert_equal [false, "no fast request completed beside the streams"], t[1].values_at("pass", "note")
+
     t = Streams.evaluate(rows.slice("blackbuck-streams"))
     assert_equal [false, false, nil, nil], t.map { |x| x["pass"] }, "no Falcon row (3.1): the comparisons are n/a"
     assert_match(/falcon/, t[2]["missing"])

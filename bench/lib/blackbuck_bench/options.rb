@@ -31,6 +31,8 @@ module BlackbuckBench
     quick: false,
     plan: false,           # print the plan and its estimate, measure nothing
     cpu_hog: false,        # one busy process per core beside the whole run (a shared CPU)
+    streams: nil,          # the streams workload's streams per server (nil: its own, 1,000); smoke runs use fewer
+    stream_events: nil,    # ... and events per stream (nil: 30)
     ruby: ServerRuby::DEFAULT # the servers' Ruby (also BENCH_RUBY): 3.4, 4.0, 3.1 or a path (ServerRuby)
   }.freeze
 
@@ -65,6 +67,8 @@ module BlackbuckBench
       o.on("--transports LIST", TRANSPORTS.join(","), &list.call(:transports, TRANSPORTS))
       o.on("--modes LIST", MODES.join(","), &list.call(:modes, MODES))
       o.on("--driver NAME", "auto, blackbuck-load, h2load, wrk (#{DEFAULTS[:driver]})") { |v| given[:driver] = v }
+      o.on("--streams N", Integer, "streams workload: streams per server (#{STREAMS_SHAPE.streams}; fewer for a smoke run)") { |v| given[:streams] = positive(:streams, v) }
+      o.on("--stream-events N", Integer, "streams workload: events per stream (#{STREAMS_SHAPE.events})") { |v| given[:stream_events] = positive(:stream_events, v) }
       o.on("--[no-]crosscheck", "also measure one cell with wrk and h2load") { |v| given[:crosscheck] = v }
       o.on("--crosscheck-cell SERVER,WORKLOAD,MODE", "default #{DEFAULTS[:crosscheck_cell].join(',')}") do |v|
         given[:crosscheck_cell] = v.split(",")

@@ -30,15 +30,17 @@ module BlackbuckBench
     MEMORY_BUDGET_S = 30 * 60
     # One streams row (StreamsStep), at most: a boot alone (~3 s), warm-up and the fast load alone
     # (--warmup + 2 s), the client's start, its bound (StreamShape#bound_s, 19 s: a server that does
-    # not hold 1,000 streams reaches it) and a stop that may wait for busy workers. A server that
-    # holds every stream leaves after ~5 s of streams: the estimate is the bound's.
-    STREAMS_ROW_EXTRA_S = 8
-    # the streams workload's share of a full run, on top of the others: 8 rows, ~4 min
+    # not hold 1,000 streams reaches it) and a stop that may wait for busy workers (up to
+    # ServerProcess::STOP_GRACE_S, 10 s). A server that holds every stream leaves after ~5 s of
+    # streams: the estimate is an upper bound.
+    STREAMS_ROW_EXTRA_S = 3 + 10
+    # the streams workload's share of a full run, on top of the others: 8 rows, at most ~5 min
     STREAMS_BUDGET_S = 6 * 60
 
     # cells_for: the cells a server runs: all of them, but in --quick only the first for the rows
     # that are the comparison (the +yjit twins; on a Ruby with YJIT by default, the rows without it)
-    Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, keyword_init: true) do
+    # shape: the streams workload's StreamShape, with --streams / --stream-events applied
+    Step = Struct.new(:workload, :servers, :cells, :workers, :connections, :duration, :shape, keyword_init: true) do
       def cells_for(server) = quick && comparison?(server) ? cells.first(1) : cells
 
       def comparison?(server)
@@ -64,9 +66,17 @@ module BlackbuckBench
       duration = [duration, opts[:duration]].min if opts[:quick]
       step = Step.new(workload: w, servers: servers_for(w, opts), cells: cells, workers: w.workers || opts[:workers],
                       connections: w.connections || opts[:connections], duration: duration)
+      step.shape = stream_shape(w, opts) if w.streams?
       step.quick = opts[:quick] && !opts[:servers_given]
       step.yjit_default = server_ruby(opts).yjit_by_default?
       step
+    end
+
+    def stream_shape(w, opts)
+      shape = w.streams.dup
+      shape.streams = opts[:streams] if opts[:streams]
+      shape.events = opts[:stream_events] if opts[:stream_events]
+      shape.freeze
     end
 
     # The run's Ruby (ServerRuby.current, set by run.rb; opts[:server_ruby] in the tests).
@@ -122,7 +132,7 @@ module BlackbuckBench
     end
 
     def streams_row_s(step, opts)
-      STREAMS_ROW_EXTRA_S + opts[:warmup] + step.duration + MEASURE_OVERHEAD_S + step.workload.streams.bound_s
+      STREAMS_ROW_EXTRA_S + opts[:warmup] + step.duration + MEASURE_OVERHEAD_S + step.shape.bound_s
     end
 
     def estimate_throughput(steps, opts, present)
@@ -148,7 +158,7 @@ module BlackbuckBench
         next "  #{s.workload.name}: #{s.servers.size} servers one at a time, measured once (~#{MEMORY_ROW_S} s each), #{s.workers} workers" if s.workload.memory?
 
         if s.workload.streams?
-          sh = s.workload.streams
+          sh = s.shape
           next "  #{s.workload.name}: #{s.servers.size} servers one at a time, measured once (at most ~#{streams_row_s(s, opts).round} s each), " \
                "#{s.workers} workers, #{sh.streams} streams x #{sh.events} events / #{sh.interval_ms} ms (ramp #{sh.ramp_s} s, " \
                "bound #{sh.bound_s} s) + #{s.connections} fast connections, #{s.duration} s with and without streams"

@@ -84,6 +84,7 @@ module BlackbuckBench
         "plan" => @plan.map do |s|
           { "workload" => s.workload.name, "app" => s.workload.app, "servers" => s.servers, "cells" => s.cells,
             "workers" => s.workers, "connections" => s.connections, "duration_s" => s.duration,
+            "streams" => s.shape && s.shape.to_h.transform_keys(&:to_s).merge("bound_s" => s.shape.bound_s),
             "targets" => s.workload.targets, "front" => s.workload.front }
         end,
         "estimate" => @estimate,
@@ -346,7 +347,7 @@ module BlackbuckBench
 
     # The streams workload: one row per server, then issue 35's targets with pass/fail.
     def streams_md(rows, step)
-      sh = step&.workload&.streams || STREAMS_SHAPE
+      sh = step&.shape || STREAMS_SHAPE
       out = +"#{step&.workers} workers per server, one server at a time. The stream client (bench/lib/blackbuck_bench/sse_client.rb, " \
              "one Ruby process, TCP) opens #{fmt_int(sh.streams)} streams of GET /sse evenly over #{fmt_num(sh.ramp_s, 1)} s, each " \
              "#{sh.events} events #{sh.interval_ms} ms apart, and closes what is still open #{fmt_num(sh.bound_s, 0)} s after its " \
@@ -370,7 +371,8 @@ module BlackbuckBench
         ending = st["memory_end"] || {}
         out << "| #{r['server']} | #{fmt_int(st['completed'])} / #{fmt_int(st['requested'])} | " \
                "#{c['ttfe_p50_ms'] ? fmt_num(c['ttfe_p50_ms'], 1) : "> #{fmt_num(sh.bound_s, 0)} s"} | #{ttfe99} | " \
-               "#{fmt_int(r['rps'])} | #{fmt_num(r['p99_ms'], 2)} | #{fmt_num(st.dig('fast_alone', 'p99_ms'), 2)} | " \
+               "#{fmt_int(r['rps'])} | #{st['fast_requests']&.zero? ? 'none done' : fmt_num(r['p99_ms'], 2)} | " \
+               "#{fmt_num(st.dig('fast_alone', 'p99_ms'), 2)} | " \
                "#{fmt_ratio(st['fast_p99_ratio'])} | #{fmt_num(st['pss_kb_per_stream'], 1)} | #{fmt_int(ending['total_pss_kb'])} | " \
                "#{fmt_int(ending['uss_kb_per_worker'])} | #{fmt_int(r['errors'])} | #{fmt_num(st['client_cpu_s'], 1)} |\n"
       end
@@ -389,6 +391,7 @@ module BlackbuckBench
                  else t["pass"] ? "**pass**" : "**FAIL**"
                  end
         value = t["value"].is_a?(Float) ? format("%.2f", t["value"]) : fmt_int(t["value"])
+        value = t["note"] if t["note"]
         limit = t["label"].start_with?("all streams") ? "= #{fmt_int(t['limit'])}" : "≤ #{t['limit']}"
         out << "| #{t['label']} | #{t['server']} | #{t['peer'] || '–'} | #{value} | #{limit} | #{result} |\n"
       end

@@ -26,13 +26,16 @@ module BlackbuckBench
 
     # The row's own figures: fast p99 with streams over without, and what one stream costs in
     # memory: (total PSS of the tree at the peak - before the streams) / streams requested.
-    # fast_with: the fast load's Result beside the streams; fast_alone: the same load without.
+    # fast_with: the fast load's Result beside the streams; fast_alone: the same load without. A
+    # fast load that completed no request beside the streams (every worker held by a stream) has
+    # no p99 and no ratio: fast_requests 0 says so, and the target fails.
     def derive(summary:, fast_with:, fast_alone:, before:, peak:, ending:)
-      with_p99 = fast_with&.p99_ms
+      with_p99 = fast_with&.requests.to_i.positive? ? fast_with.p99_ms : nil
       alone_p99 = fast_alone&.p99_ms
       delta = peak && before && peak["total_pss_kb"] - before["total_pss_kb"]
       {
         "completed" => summary["completed"], "requested" => summary["requested"],
+        "fast_requests" => fast_with&.requests.to_i,
         "fast_alone" => fast_alone && { "rps" => fast_alone.rps.round(1), "p50_ms" => fast_alone.p50_ms,
                                         "p99_ms" => alone_p99, "errors" => fast_alone.errors.to_i },
         "fast_p99_ratio" => with_p99 && alone_p99&.positive? ? (with_p99 / alone_p99).round(2) : nil,
@@ -54,11 +57,21 @@ module BlackbuckBench
       peer = "#{PEER}#{suffix}"
       [
         target("all streams complete", server, nil, mine["completed"], mine["requested"], :equal),
-        target("fast p99 with streams / without", server, nil, mine["fast_p99_ratio"], FAST_P99_LIMIT, :at_most),
+        fast_target(server, mine),
         ratio("PSS per stream / #{peer}'s", server, peer, mine["pss_kb_per_stream"], theirs["pss_kb_per_stream"]),
         ratio("time to first event p99 / #{peer}'s", server, peer, mine.dig("clients", "ttfe_p99_ms"),
               theirs.dig("clients", "ttfe_p99_ms"))
       ]
+    end
+
+    def fast_target(server, mine)
+      label = "fast p99 with streams / without"
+      if mine["fast_requests"]&.zero?
+        return { "label" => label, "server" => server, "peer" => nil, "value" => nil, "limit" => FAST_P99_LIMIT,
+                 "pass" => false, "note" => "no fast request completed beside the streams" }
+      end
+
+      target(label, server, nil, mine["fast_p99_ratio"], FAST_P99_LIMIT, :at_most)
     end
 
     def target(label, server, peer, value, limit, how)
@@ -101,7 +114,7 @@ module BlackbuckBench
     # collaborators as MemoryStep's; stats_root: where the apps' per-worker facts go (tmpfs)
     def initialize(step:, scratch:, sockdir:, stats_root:, warmup_s:, log:, info:, driver: Drivers.build("blackbuck-load"))
       @step = step
-      @shape = step.workload.streams
+      @shape = step.shape || step.workload.streams
       @scratch = scratch
       @sockdir = sockdir
       @stats_root = stats_root

@@ -67,13 +67,16 @@ module BlackbuckBench
   # 20 clients with no streams. One server at a time (1,000 streams each); no quick cells: a row
   # lasts up to ~30 s and CI's bench:quick must not change.
   # ramp_s: the streams are opened evenly over it (one a millisecond); bound_s: the stream client
-  # closes what is still open then (ramp + 3 s of events + 15 s for late streams). The fast load
+  # closes what is still open then (ramp + 3 s of events + STREAM_SLACK_S for late streams). The fast load
   # runs from the ramp's end for the workload's duration (events x interval - ramp = 2 s: while
   # every stream of a server that holds them all is open).
-  StreamShape = Struct.new(:streams, :events, :interval_ms, :ramp_s, :bound_s, keyword_init: true) do
+  STREAM_SLACK_S = 15
+  StreamShape = Struct.new(:streams, :events, :interval_ms, :ramp_s, keyword_init: true) do
     def stream_s = events * interval_ms / 1000.0
+
+    def bound_s = ramp_s + stream_s + STREAM_SLACK_S
   end
-  STREAMS_SHAPE = StreamShape.new(streams: 1000, events: 30, interval_ms: 100, ramp_s: 1.0, bound_s: 19.0)
+  STREAMS_SHAPE = StreamShape.new(streams: 1000, events: 30, interval_ms: 100, ramp_s: 1.0).freeze
   STREAMS_FAST_CONNECTIONS = 20
   STREAMS_FAST_S = STREAMS_SHAPE.stream_s - STREAMS_SHAPE.ramp_s
   # Blackbuck with and without --streams, and the peers issue 35 names: Falcon (a fiber per
