@@ -258,6 +258,29 @@ class ReforkDecisionsTest < Minitest::Test
     @mold_end&.close
   end
 
+  # The worker that forks the replacement exits once its mold has announced itself: the master may
+  # reap it before it reads the announcement. That mold still replaces the one that died (the
+  # generation stays) and no worker "exited without forking a mold" (CI caught generation 2 here).
+  def test_a_replacing_worker_reaped_before_its_announcement_was_read_keeps_the_generation
+    @refork.booting(300)
+    announce_mold(300)
+    @refork.turn(2)
+    @mold_end.close
+    worker(0, 100)
+    worker(1, 101)
+    reap_other(@refork, 300, exited_with(1))
+    @refork.turn(2, quiet: true)
+    assert_equal Messages::PROMOTE, told(100)
+    announce_mold(500, [100, 0])
+    reaped(100) # before any turn read the line
+    @refork.turn(2)
+    assert_equal [0, 500], [@refork.generation, @refork.mold&.pid]
+    assert_empty @log.lines.grep(/exited without forking a mold/)
+    assert_match(/mold of generation 0 is pid 500 .*; it replaces the mold that is gone/, @log.lines.last)
+  ensure
+    @mold_end&.close
+  end
+
   # A worker told to fork it that exits without (it was already stopping) is followed by another;
   # after REPLACE_ATTEMPTS, or with no worker serving, a mold boots the app.
   def test_without_a_worker_to_fork_it_a_mold_boots_the_app

@@ -157,9 +157,15 @@ module Blackbuck
     end
 
     # A worker has exited (Children#reap): one told to fork the mold ends its promotion; one that was to
-    # replace the mold that died and did not is logged (another is told, or a mold boots the app).
+    # replace the mold that died and did not is logged (another is told, or a mold boots the app). Its
+    # mold's announcement is read first: the worker exits once its mold has announced itself, so the
+    # master may reap it before it read the line, and that mold is adopted (in the same generation
+    # when it replaces one), not counted as missing.
     def worker_exited(child)
-      return unless @on && child.state == :promoting && @policy.promotion_ended(mold: !mold.nil?)
+      return unless @on && child.state == :promoting
+
+      read_inbox
+      return unless @policy.promotion_ended(mold: !mold.nil?)
 
       @logger.warn("refork: worker #{child.index} (pid #{child.pid}) exited without forking a mold; " \
                    "#{@policy.successor == :worker ? 'another is told' : 'a new mold boots the app'}")
