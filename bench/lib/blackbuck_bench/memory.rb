@@ -233,14 +233,9 @@ module BlackbuckBench
         m = Measurement.new(server: name, app: @step.workload.name, transport: "unix", mode: "keepalive", rep: 0)
         recipe = Servers.fetch(name)
         info = @info.call(recipe)
-        why = app_missing || recipe.absent_reason
-        if why
-          info["status"] = "absent"
-          info["reason"] = why
-          m.status = "absent"
-          m.reason = why
+        if (why = app_missing || recipe.absent_reason)
           @log.call("#{name}/memory: absent (#{why})")
-          next m
+          next m.absent!(info, why)
         end
         measure(recipe, info, m)
       end

@@ -22,7 +22,16 @@ module BlackbuckBench
   # One measurement of one cell (server, workload, transport, mode) — or why there is none.
   # app holds the workload's name (a workload is an app plus a load shape).
   Measurement = Struct.new(:server, :app, :transport, :mode, :rep, :status, :reason, :result,
-                           :cpu_us_per_req, :server_cpu_s, :memory, :balance, :streams, keyword_init: true)
+                           :cpu_us_per_req, :server_cpu_s, :memory, :balance, :streams, keyword_init: true) do
+    # The server cannot run here: this measurement and the server's info (the report's) say why.
+    def absent!(info, why)
+      info["status"] = "absent"
+      info["reason"] = why
+      self.status = "absent"
+      self.reason = why
+      self
+    end
+  end
 
   # A booted server, and the nginx in front of it when the workload has one.
   Running = Struct.new(:server, :front, :stats_dir, :workers, keyword_init: true) do

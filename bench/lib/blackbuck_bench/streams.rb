@@ -132,12 +132,8 @@ module BlackbuckBench
         recipe = Servers.fetch(name)
         info = @info.call(recipe)
         if (why = recipe.absent_reason)
-          info["status"] = "absent"
-          info["reason"] = why
-          m.status = "absent"
-          m.reason = why
           @log.call("#{name}/streams: absent (#{why})")
-          next m
+          next m.absent!(info, why)
         end
         measure(recipe, info, m)
       end
