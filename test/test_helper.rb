@@ -102,9 +102,13 @@ class ServerProcess < ChildProcess
   # BLACKBUCK_TEST_THREADS=N (rake test:threads): every server runs its app on N threads, unless
   # the test sets --threads itself.
   THREADS = ENV.fetch("BLACKBUCK_TEST_THREADS", nil)
+  # BLACKBUCK_TEST_STREAMS=1 (rake test:streams): every server runs with the streams setting, unless
+  # the test sets it itself.
+  STREAMS = ENV["BLACKBUCK_TEST_STREAMS"] == "1"
 
   def initialize(args, app: "hello.ru", workers: 1, env: {}, dir: nil, wait: true, chdir: nil)
     args = [*args, "--threads", THREADS] if THREADS && !args.include?("--threads")
+    args = [*args, "--streams"] if STREAMS && !args.include?("--streams") && !args.include?("--no-streams")
     @dir = dir || Dir.mktmpdir("bb-test")
     @workers = workers
     rackup = app.start_with?("/") ? app : File.join(APPS, app)

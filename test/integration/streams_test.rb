@@ -228,3 +228,33 @@ class StreamsTest < ServerTest
     stream&.io&.close
   end
 end
+
+# The same with app threads (issue 35, step 2): an app thread hands its streamed body to the loop's
+# thread (Response::Handed; AppRunner::Threads#finished) and is free again, so 20 open streams hold
+# none of the 3 threads; a stream's run is timed on the loop's thread as a request is on an app
+# thread. Without the hand-over the streams hold the threads and the plain requests wait.
+class StreamsThreadsTest < StreamsTest
+  THREADS = 3
+
+  def setup
+    @server = start_both(["--streams", "--threads", THREADS.to_s, "--graceful-timeout", "2", "--timeout", TIMEOUT.to_s],
+                         app: "streams.ru", stats: true)
+  end
+
+  # As with one thread, but the notice reached an app thread, and the loop retires the worker at once
+  # (AppRunner::Threads#time_out: it need not wait for that request): the stream's head, written
+  # after, says "Connection: close", and its connection closes once its stop has ended it.
+  def test_an_app_that_rescues_the_timeout_and_streams_is_replaced
+    old = worker_pid
+    stream = open_stream("/rescue-then-stream").until("data: 1\n\n")
+    assert_logged(@server, %r{request timeout \(#{TIMEOUT}s\), rescued by the app: GET /rescue-then-stream})
+    wait_for(WAIT, "a fresh worker") { (@server.worker_pids - [old]).any? }
+    assert_match(/^connection: close\r$/i, stream.data.split("\r\n\r\n", 2)[0])
+    stream.until(LAST_CHUNK) # (its worker's stop ended it: graceful_timeout, then StreamStop)
+    refute_includes stream.data, "data: 2", "ended by the stop, not by its body"
+    assert stream.to_end, "closed after its last chunk, not reset"
+    assert_equal "hello\n", plain_get.body, "served by the fresh worker"
+  ensure
+    stream&.io&.close
+  end
+end

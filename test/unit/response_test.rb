@@ -142,6 +142,38 @@ class ResponseTest < Minitest::Test
     assert_equal "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n2\r\ncd\r\n0\r\n\r\n", out
   end
 
+  # An app thread's Response with the streams setting (no Streams of its own) hands a streamed body
+  # to the loop untouched: nothing written, not iterated, not closed, its callbacks not run yet, and
+  # the retire a rescued notice asks for travels with it. An Array body is answered as always.
+  def test_an_app_threads_response_hands_a_streamed_body_to_the_loop
+    config = Blackbuck::Config.new
+    config.set(:streams, true)
+    body = Struct.new(:iterated, :closed) do
+      def each = (self.iterated = true) && yield("x")
+      def close = self.closed = true
+    end.new
+    ran = []
+    app = lambda do |env|
+      env["rack.response_finished"] << ->(*) { ran << :finished }
+      [200, { "content-type" => "text/event-stream" }, body]
+    end
+    hand = response(app, config)
+    conn, env, client = request(response(OK)) # (an app thread's env has no shared template entries)
+    handed = hand.handle(conn, env)
+    assert_kind_of Response::Handed, handed
+    assert_same body, handed.body
+    assert_equal [200, false], [handed.status, handed.retire]
+    assert_equal 1, handed.finished.size, "the request's callbacks go with it"
+    assert_empty ran
+    refute body.iterated
+    refute body.closed
+    assert_equal "", received(client), "nothing written: the loop writes it"
+
+    conn, env, client = request(response(OK))
+    assert_equal Response::DONE, response(OK, config).handle(conn, env), "an Array body is no stream"
+    assert_match(/hello\z/, received(client))
+  end
+
   BIG = 2 * 1024 * 1024 # bytes: more than a UNIX socket's buffer, less than response_buffer
 
   def test_a_response_the_socket_cannot_take_at_once_is_written_and_queued

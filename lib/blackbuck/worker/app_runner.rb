@@ -31,9 +31,9 @@ module Blackbuck
   #   stop_accepting.()   Inline: the stop-accepting signal came just before the app starts
   #                       (Worker#stop_accepting_in_app)
   #   saturated.()        Threads: every app thread has a request now (the loop stops taking work)
-  #   timed_out.()        Inline with streams: the request timeout's notice was raised in a stream's
-  #                       run (the worker is replaced whatever the body does with it); from the trap,
-  #                       so it only counts: the loop retires the worker at its next turn (Worker#tick)
+  #   timed_out.()        with streams: the request timeout's notice was raised in a stream's run
+  #                       (the worker is replaced whatever the body does with it); from the trap, so
+  #                       it only counts: the loop retires the worker at its next turn (Worker#tick)
   module AppRunner
     # What a runner asks of the loop (the module comment); each member a callable.
     Port = Struct.new(:stop_accepting, :saturated, :timed_out, keyword_init: true)
@@ -155,13 +155,26 @@ module Blackbuck
     # in the poller unless it stirs (Connections#on_event). The scoreboard slot shows the request that
     # has run longest (#publish_running: the master's timeout watches it) and whether a thread is free
     # (#publish_free: other workers move their queued requests here while one is).
+    #
+    # With streams (the streams setting), an app thread does not iterate a streamed body: its Response
+    # answers Response::Handed, and #finished has the loop's Response (`streamer`) run it on a stream's
+    # fiber of the loop's thread (Streams), so the app thread is free again at once. Each run of such a
+    # fiber is the app's time as a request's is: the slot shows it while it runs, and the request
+    # timeout's notice is raised in it (#time_out).
     class Threads
       attr_reader :busy, :size
 
-      # port: a Port (saturated). response: what the app threads answer with (Response; a stand-in in
-      # unit tests). logger: the app threads' (an exception that escapes a Response).
-      def initialize(port, config, app, request, scoreboard, index, logger, response: Response)
+      # port: a Port (saturated, timed_out). response: what the app threads answer with (Response; a
+      # stand-in in unit tests). logger: the app threads' (an exception that escapes a Response).
+      # streams, streamer: the worker's Streams and the loop's Response (the streams setting), or nil.
+      def initialize(port, config, app, request, scoreboard, index, logger,
+                     response: Response, streams: nil, streamer: nil)
         @on_saturated = port.saturated # (the callable; #saturated? is the count)
+        @timed_out = port.timed_out
+        @streams = streams
+        @streamer = streamer
+        @scheduler = nil # the Streams' Scheduler, once the loop has one (#start)
+        @stream_run = nil # when the stream's fiber that runs now on the loop's thread began this run (monotonic)
         @logger = logger
         @response = response
         @config = config
@@ -181,6 +194,7 @@ module Blackbuck
         @pool = AppPool.new(@logger, @config, @app, @size, response: @response,
                                                            hand_over: ->(conn) { poller.unwatch(conn) })
         poller.add(@pool.wake_fd, Native::Poller::IN)
+        @scheduler = @streams&.scheduler
         publish_free
       end
 
@@ -211,7 +225,9 @@ module Blackbuck
           @busy -= 1
           job.input&.close!
           @scoreboard.request_observed(@index, job.queued, job.finished - job.started)
-          yield job.conn, job.fd, job.mode
+          mode = job.mode
+          mode = take_stream(job.conn, mode) if mode.is_a?(Response::Handed)
+          yield job.conn, job.fd, mode
         end
         publish_running
         publish_free
@@ -233,7 +249,33 @@ module Blackbuck
         end
       end
 
-      def time_out(limit) = @pool&.time_out_oldest(limit)
+      # From the USR2 trap, on the loop's thread: a stream's run there that has run `limit` gets the
+      # notice where its body's code is (Scheduler#interruptible?; as AppRunner::Inline#time_out),
+      # or, caught in the scheduler's own code, the worker retires (true). Else the app thread whose
+      # request has run longest gets it (true when sent).
+      def time_out(limit)
+        if (began = @stream_run) && Process.clock_gettime(Process::CLOCK_MONOTONIC) - began >= limit
+          return true unless @scheduler.interruptible?
+
+          @timed_out.call
+          raise @streamer.timeout_notice(limit)
+        end
+        @pool&.time_out_oldest(limit)
+      end
+
+      # A stream's fiber runs again on the loop's thread (Streams::Port#run_begin): the slot shows it
+      # as the request running now, until #stream_run_end shows the app threads' oldest again.
+      def stream_run_begin(method, path)
+        @stream_run = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        @shown_job = nil
+        state = @stopping ? Native::Scoreboard::STOPPING : Native::Scoreboard::IDLE
+        @scoreboard.running(@index, state, 0.0, method, path)
+      end
+
+      def stream_run_end
+        @stream_run = nil
+        publish_running(true)
+      end
 
       def stopping!
         @stopping = true
@@ -244,6 +286,21 @@ module Blackbuck
       def stop = @pool&.stop
 
       private
+
+      # A streamed body an app thread handed over (Response::Handed): the loop's Response runs it on a
+      # stream's fiber now, its first run timed as any run of it (#stream_run_begin); the mode.
+      def take_stream(conn, handed)
+        env = handed.env
+        stream_run_begin(env["REQUEST_METHOD"], env["PATH_INFO"])
+        begin
+          @streamer.take_stream(conn, handed)
+        rescue RequestTimeout # the notice came as the first run ended, past Response's rescues
+          Response::RETIRE_DROP
+        ensure
+          @scheduler.disown! # (a body that waits made the rest the server's: Streams#start)
+          stream_run_end
+        end
+      end
 
       # (A request the slot shows already is not written again, unless `force`: the slot holds the same.)
       def publish_running(force = false)

@@ -43,13 +43,22 @@ module Blackbuck
     # process to end). Others (Exception itself, SecurityError) are answered 500 and the worker serves on.
     UNSAFE = [NoMemoryError, SystemExit, SignalException].freeze
 
+    # What an app thread's Response answers (in place of a mode) for a streamed body with the streams
+    # setting: the body, not iterated yet, for the loop's Response to run on a stream's fiber
+    # (#take_stream; AppRunner::Threads#finished). finished: the request's rack.response_finished
+    # callbacks, run when the stream ends. retire: the app rescued a request timeout's notice (the
+    # worker is replaced, as after any such response).
+    Handed = Struct.new(:env, :status, :headers, :body, :finished, :retire)
+
     # hand_over: called with the connection when the app hijacks it, before the app gets the socket
     # (the worker must stop watching it then: the app may close it at once); nil when nothing
-    # watches it while the app runs (app threads). streams: the worker's Streams (the streams setting,
-    # one app thread): a streamed body runs on a fiber of its own; nil: here, as it always did.
+    # watches it while the app runs (app threads). streams: the worker's Streams (the streams setting;
+    # the loop's own Response): a streamed body runs on a fiber of its own. nil: here, as it always
+    # did, or, with the streams setting (an app thread's Response), it is handed to the loop (Handed).
     def initialize(config, app, logger, hand_over, streams: nil)
       @app = app
       @streams = streams
+      @hand_streams = !streams && config[:streams] ? true : false
       @hooks = ConnHooks.new(hand_over)
       @logger = logger
       @timeout = config[:timeout]
@@ -88,10 +97,35 @@ module Blackbuck
         @logger.exception("request timeout (#{@timeout}s), rescued by the app: #{env['REQUEST_METHOD']} #{path}", @notice)
         @retire = true
       end
-      @retire ? RETIRE.fetch(mode, mode) : mode
+      return RETIRE.fetch(mode, mode) if @retire && !mode.is_a?(Handed)
+
+      mode.retire = @retire if mode.is_a?(Handed)
+      mode
     ensure
       @notice = nil
       @retire = false # (a stream's end reads it: Response#finish_later)
+    end
+
+    # The loop's Response runs a streamed body an app thread handed over (Handed), on a stream's
+    # fiber: the mode, STREAMING while it waits (its end closes the body and runs the callbacks), as
+    # #handle's for a body that runs here.
+    def take_stream(conn, handed)
+      env = handed.env
+      @retire = handed.retire
+      hooks = @hooks
+      hooks.start(conn, env)
+      body = handed.body
+      finished = handed.finished
+      mode = @streams.start(conn, env) { stream(conn, env, handed.status, handed.headers, body, hooks) }
+      if mode == STREAMING
+        finish_later(conn, env, handed.status, handed.headers, body, finished)
+        body = finished = nil # (the stream's end closes it and runs them)
+      end
+      @retire ? RETIRE.fetch(mode, mode) : mode
+    ensure
+      close_body(body) if body.respond_to?(:close)
+      run_finished(finished, env, handed.status, handed.headers, nil) unless finished.nil? || finished.empty?
+      @retire = false
     end
 
     private
@@ -120,6 +154,11 @@ module Blackbuck
       return invalid_response(conn, env, response, hooks) unless triple?(response)
 
       mode = write(conn, env, status, headers, body, hooks)
+      if mode.is_a?(Handed) # (an app thread's, with the streams setting: the loop runs the body)
+        mode.finished = finished
+        body = finished = nil
+        return mode
+      end
       return mode unless mode == STREAMING
 
       finish_later(conn, env, status, headers, body, finished)
@@ -191,7 +230,8 @@ module Blackbuck
           raise InvalidBody, "app returned #{body.nil? ? 'a nil' : "a #{body.class}"} body; a Rack body responds to each or call"
         end
         # A streamed body: on a fiber of its own with the streams setting (Streams: STREAMING when it
-        # waits), else here.
+        # waits; from an app thread, the loop runs it: Handed), else here.
+        return Handed.new(env, status, headers, body) if @hand_streams
         return stream(conn, env, status, headers, body, hooks) unless (streams = @streams)
 
         return streams.start(conn, env) { stream(conn, env, status, headers, body, hooks) }

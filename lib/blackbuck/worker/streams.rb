@@ -6,8 +6,9 @@ require_relative "scheduler"
 module Blackbuck
   # A worker's open streams (docs/ARCHITECTURE.md, "Long streams"): responses whose body (an `each`
   # body, or a Rack 3 callable body) waits, each iterated on a fiber under the worker's Scheduler so
-  # that the loop serves other connections meanwhile. With one app thread only (step 1 of the design);
-  # with app threads a body holds its thread, as before. Built by the Worker only with the `streams`
+  # that the loop serves other connections meanwhile. With app threads, an app thread hands its
+  # streamed body to the loop's thread (Response::Handed, AppRunner::Threads#finished), which starts it
+  # here as the one thread's Response does. Built by the Worker only with the `streams`
   # setting: without it nothing here exists and no response takes a call more.
   #
   # Response starts a stream's fiber (#start); a body that finishes at once is answered as before. One

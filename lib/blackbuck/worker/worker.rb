@@ -90,13 +90,16 @@ module Blackbuck
                                      rewatch: @multithread, requests_limit: requests_limit)
       @conns = @connections.table
       @ready = @connections.ready
-      # Streamed bodies on fibers of their own (the streams setting; one app thread: with app threads a
-      # body holds its thread, as before). nil: no stream object exists, and no response calls one.
-      @streams = (Streams.new(streams_port, scoreboard, index, logger) if config[:streams] && !@multithread)
+      # Streamed bodies on fibers of their own, on this thread (the streams setting; app threads hand
+      # theirs over: AppRunner::Threads). nil: no stream object exists, and no response calls one.
+      @streams = (Streams.new(streams_port, scoreboard, index, logger) if config[:streams])
+      # This thread's Response: the app's with one app thread; with app threads, it runs the streamed
+      # bodies they hand over.
       @response = Response.new(config, app, logger, @connections.method(:hand_over), streams: @streams)
       # Who runs the app: this thread (Inline) or the app threads (Threads); the loop never asks which.
       @runner = if @multithread
-                  AppRunner::Threads.new(runner_port, config, app, @request, scoreboard, index, logger)
+                  AppRunner::Threads.new(runner_port, config, app, @request, scoreboard, index, logger,
+                                         streams: @streams, streamer: (@response if @streams))
                 else
                   AppRunner::Inline.new(runner_port, @request, @response, scoreboard, index, streams: @streams)
                 end
@@ -263,7 +266,7 @@ module Blackbuck
         # A request timeout's notice reached a stream's run (from the trap: only counted; #tick retires)
         timed_out: -> { @timeout_notices += 1 }
       )
-      # A stream's fiber runs again from the loop: the app's time (AppRunner::Inline's clock and timeout).
+      # A stream's fiber runs again from the loop: the app's time (the runner's clock and timeout).
       streams = Streams::Port.new(run_begin: ->(method, path) { @runner.stream_run_begin(method, path) },
                                   run_end: -> { @runner.stream_run_end })
       [connections, runner, Balancer::Port.new(pause_accepting: -> { pause_accepting }), streams]
@@ -420,11 +423,15 @@ module Blackbuck
     # that request comes back, which it may never do (a C call holding the GVL, code rescuing
     # Exception): the master kills it KILL_GRACE seconds after the notice. Its idle connections move
     # to the siblings, and so do the requests queued for its threads (Balancer#move_queued); those the
-    # other threads run finish, their responses saying "Connection: close". With one app thread and
-    # streams: the notice reached a stream's run, or came as a stream's fiber gave the loop back
-    # (AppRunner::Inline#time_out); the streams end with the stop.
+    # other threads run finish, their responses saying "Connection: close". With streams: the notice
+    # reached a stream's run on this thread, or came as a stream's fiber gave the loop back (the
+    # runner's #time_out); the streams end with the stop.
     def timed_out_in_thread
-      told = @multithread ? "its thread was told to stop" : "a stream's run was told, or had just given the loop back"
+      told = if @multithread
+               "its thread, or a stream's run, was told to stop"
+             else
+               "a stream's run was told, or had just given the loop back"
+             end
       retire("a request ran past the timeout (#{@config[:timeout]}s); #{told}", :timeout)
       moved = @balancer.move_queued
       @logger.info("worker #{@index} (pid #{Process.pid}) moved #{moved} queued requests to its siblings") if moved.positive?
