@@ -34,13 +34,17 @@ module Blackbuck
 
     # In the master, before binding: a warm-up that fails the boot leaves no listener behind.
     def warm_up(logger)
-      run_warmup(@app, logger) unless mold_boots?
+      return if mold_boots?
+
+      streams_check(logger)
+      run_warmup(@app, logger)
     end
 
     # In the master, when no mold can be made: it loads and warms up the app itself. Returns it.
     def load_in_master(logger)
       @app = @loader.call
       @loader = nil
+      streams_check(logger)
       run_warmup(@app, logger)
       @app
     end
@@ -50,6 +54,7 @@ module Blackbuck
     def boot(logger, step: ->(_) {})
       step.call("loading the app")
       app = @loader.call
+      streams_check(logger)
       step.call("the warm-up")
       run_warmup(app, logger)
       app
@@ -61,7 +66,32 @@ module Blackbuck
       Warmup.prepare_heap(logger: logger) if @config[:gc_before_fork] && !mold_boots?
     end
 
+    # The streams setting with a Rails app that keeps its per-request state per thread (Rails'
+    # default isolation_level :thread, or a Rails before 7.0, which has no other): a body that waits
+    # shares the thread's Active Record connection and CurrentAttributes with the requests served
+    # meanwhile, and two streams' queries may interleave on one connection. The warning, or nil.
+    # isolation: the app's ActiveSupport::IsolatedExecutionState, rails: whether Rails is loaded.
+    def self.streams_warning(config, isolation: rails_isolation, rails: defined?(::Rails::Application) ? true : false)
+      return nil unless config[:streams] && rails
+      return nil if isolation&.isolation_level == :fiber
+
+      why = isolation ? "its isolation_level is :thread" : "this Rails keeps it per thread"
+      "streams is on, but this Rails app keeps its per-request state per thread (#{why}): a stream body " \
+        "that waits shares the thread's Active Record connection and CurrentAttributes with the requests " \
+        "served meanwhile; set config.active_support.isolation_level = :fiber (Rails >= 7.0), or turn streams off " \
+        "(docs/CONFIGURATION.md, streams)"
+    end
+
+    def self.rails_isolation
+      defined?(::ActiveSupport::IsolatedExecutionState) ? ::ActiveSupport::IsolatedExecutionState : nil
+    end
+
     private
+
+    def streams_check(logger)
+      warning = AppSource.streams_warning(@config)
+      logger.warn(warning) if warning
+    end
 
     def run_warmup(app, logger)
       Warmup.new(@config, app, logger).run if Warmup.wanted?(@config)

@@ -47,6 +47,18 @@ class RailsAppTest < ServerTest
     sock&.close
   end
 
+  # The streams setting with Rails' default isolation_level (:thread; Rails 6.1 has no other): the
+  # boot warns once, naming the fix, and ActionController::Live's SSE still arrives as written, its
+  # body popping Live's queue on a stream's fiber.
+  def test_streams_warns_of_per_thread_state_and_live_sse_streams
+    server = start_server(["-E", "production", "--streams", "-l", "127.0.0.1:0"],
+                          app: "#{@app_dir}/config.ru", workers: 1, dir: @app_dir)
+    assert_logged(server, /WARN streams is on, but this Rails app keeps its per-request state per thread .*isolation_level = :fiber/)
+    assert_equal 1, server.log.scan("streams is on, but").size, "one line, from the process that loaded the app"
+    sse_arrives_as_written(server.tcp_port)
+    check_app("127.0.0.1", server.tcp_port)
+  end
+
   def test_rails_server_u_blackbuck
     rails = start_rails_server("-b", "127.0.0.1", "-p", "0")
     port = Integer(rails.log[%r{listening on http://127\.0\.0\.1:(\d+)}, 1])

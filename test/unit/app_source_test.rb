@@ -32,6 +32,21 @@ class AppSourceTest < Minitest::Test
     assert_match(/INFO warm-up: /, @log.string)
   end
 
+  # streams with a Rails app whose per-request state is per thread: one WARN line naming the fix.
+  def test_streams_with_a_rails_app_isolated_per_thread_is_warned_of
+    level = Struct.new(:isolation_level)
+    streams = Blackbuck::Config.new.set(:streams, true)
+    warning = Blackbuck::AppSource.streams_warning(streams, isolation: level.new(:thread), rails: true)
+    assert_match(/isolation_level is :thread.*isolation_level = :fiber/, warning)
+    assert_match(/keeps it per thread/, Blackbuck::AppSource.streams_warning(streams, isolation: nil, rails: true),
+                 "a Rails before 7.0 (no IsolatedExecutionState)")
+    assert_nil Blackbuck::AppSource.streams_warning(streams, isolation: level.new(:fiber), rails: true)
+    assert_nil Blackbuck::AppSource.streams_warning(streams, isolation: nil, rails: false), "not a Rails app"
+    assert_nil Blackbuck::AppSource.streams_warning(Blackbuck::Config.new, isolation: level.new(:thread), rails: true),
+               "streams off"
+    assert_nil Blackbuck::AppSource.streams_warning(streams), "this process has no Rails"
+  end
+
   def test_no_warm_up_line_when_none_is_configured
     Blackbuck::AppSource.preloaded(APP, config(warmup: false)).warm_up(@logger)
     assert_empty @log.string
