@@ -52,6 +52,10 @@ class HandoffLimitsTest < ServerTest
     hog = get(h, "/hog?free=0")
     other = served_by(hog)
     assert_operator hog.body[/held=(\d+)/, 1].to_i, :>, 100, "the other worker holds its descriptors"
+    # Its ticks look for stranded connections in the (empty) listen queue: they must not read EMFILE
+    # there and pause, which would stop it polling the hand-off socket too (CI9 caught the race).
+    status_after(stats, now)
+    refute_match(ACCEPT_LINE, server.log, "no accept was tried on an empty listen queue")
 
     wait_until_running(stats, pid, send_slow(a, SLOW)) # the slow request is in the app: b's waits and is moved
     send_get(b, "/waiting")

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "io/wait"
 require "etc"
 require "stringio"
 require "tempfile"
@@ -190,10 +191,13 @@ module Blackbuck
 
     # A sibling passed on a wake-up it could not use (Balancer#adopt_one), or a tick: connections may
     # wait in a listen queue that woke only a sibling (EPOLLEXCLUSIVE), which could not accept them.
+    # Only a queue that has one is accepted from: Linux's accept4 takes a descriptor before it looks
+    # at the queue, so a worker with none free would read EMFILE from an empty queue and pause (no
+    # listener, no moved connection) for a connection that is not there.
     def accept_stranded
       return if @stopping || @paused || @listeners_closed
 
-      @listener_by_fd.each_value { |l| accept_from(l) }
+      @listeners.each { |l| accept_from(@listener_by_fd[l.fd]) if l.io.wait_readable(0) }
     end
 
     # The server stops (Supervisor#shutdown: Messages::STOP on the control pipe, then
