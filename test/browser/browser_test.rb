@@ -17,7 +17,9 @@ require_relative "proxies"
 # UNIX socket and through HAProxy, each set up with the examples of README.md and docs/DEPLOY.md
 # as written (DocSnippets: only addresses, ports and paths substituted), in development with
 # `rails server -u blackbuck`, across a HUP that changes the listeners and the socket's mode, and
-# through two reforks with DEPLOY.md's Memory config behind nginx and behind HAProxy. Rails 8 also
+# through two reforks with DEPLOY.md's Memory config behind nginx and behind HAProxy, and with a long
+# stream (ActionController::Live's Server-Sent Events, Turbo Streams) open on a server of one worker
+# and one thread with `streams` on while other pages load, directly and behind nginx. Rails 8 also
 # as its generated Dockerfile runs it: Thruster in front of `bin/rails server`, RACKUP_HANDLER=blackbuck.
 # `rake test:browser` runs it under gemfiles/browser.gemfile or browser8.gemfile (installed by bin/setup).
 class BrowserTest < Minitest::Test
@@ -39,6 +41,11 @@ class BrowserTest < Minitest::Test
   # forks a mold; the reforks below run with DEPLOY.md's config alone (Blackbuck resets Action Cable
   # in the mold).
   REDIS = !GeneratedApp.rails8?
+  # The streams tests' server (docs/ARCHITECTURE.md, "Long streams"): one worker with one app thread,
+  # so a stream that held it would hold every other request; the app with per-fiber state, as
+  # docs/CONFIGURATION.md says an app that turns `streams` on sets it (GeneratedApp: ISOLATION_LEVEL).
+  STREAMS_ENV = { "WEB_CONCURRENCY" => nil, "RAILS_MAX_THREADS" => nil, "ISOLATION_LEVEL" => "fiber" }.freeze
+  STREAM_BOUND = 30 # seconds: a bound for a stream's events, or its end, that went wrong
 
   # The app is generated once per run (about 20 s), in a directory nginx's www-data may traverse.
   # A generation that failed fails every test with its error, without trying again.
@@ -161,6 +168,39 @@ class BrowserTest < Minitest::Test
     end
   end
 
+  # A long stream (issue 35): the app's ActionController::Live Server-Sent Events, Turbo Streams
+  # that a <turbo-stream-source> appends to the page, on one worker with one thread and `streams`
+  # on, while another browser loads a plain page of the app (check_stream). README's command.
+  def test_a_long_stream_while_other_pages_load_directly_over_tcp
+    port = free_port
+    stats = free_port
+    write_streams_config(stats)
+    cmd = DOCS.command("README.md", section: RAILS_SECTION, pattern: /RAILS_ENV=production bin\/rails server -u blackbuck -b/)
+              .sub("-b 0.0.0.0", "-b 127.0.0.1").sub(/-p \d+/, "-p #{port}")
+    server = start_app(cmd, env: STREAMS_ENV)
+    check_stream(server, "http://127.0.0.1:#{port}", stats)
+  end
+
+  # The same behind DEPLOY.md's nginx site as written, the stream's response marked as DEPLOY.md
+  # says (X-Accel-Buffering: no, the line in the app's controller); DEPLOY.md's command with one
+  # worker instead of four.
+  def test_a_long_stream_while_other_pages_load_through_nginx_as_deploy_md_says
+    unbuffered = DOCS.block("docs/DEPLOY.md", section: NGINX_SECTION, lang: "ruby", containing: "X-Accel-Buffering")
+                     .text.lines.find { |l| l.include?("X-Accel-Buffering") }.strip
+    assert_includes File.read(@app.path("app/controllers/streams_controller.rb")).lines.map(&:strip), unbuffered,
+                    "the app's stream sends what DEPLOY.md says"
+    stats = free_port
+    write_streams_config(stats)
+    sh = DOCS.block("docs/DEPLOY.md", section: NGINX_SECTION, lang: "sh", containing: "blackbuck ")
+             .sub("/run/blackbuck", "#{@run}/blackbuck").sub("-w 4", "-w 1")
+    *setup_lines, command = sh.text.lines.map { |l| l.sub(/\s+#.*/, "").strip }.reject(&:empty?)
+    setup_lines.each { |l| assert system(l), "#{l} failed" }
+    server = start_app(Snippet.new(command, "DEPLOY.md's command"), env: STREAMS_ENV)
+    nginx = start_deploy_nginx("#{@run}/blackbuck/app.sock")
+    check_stream(server, "http://127.0.0.1:#{nginx.port}", stats)
+    refute_match(/\[(error|crit|alert|emerg)\]/, nginx.error_log)
+  end
+
   # HUP re-reads config/blackbuck.rb: a TCP listener is added next to the socket and the socket's
   # mode changes, while the browser, through nginx, keeps its page and its Action Cable subscription.
   def test_hup_with_a_changed_listener_and_socket_mode_while_the_browser_keeps_working
@@ -233,6 +273,68 @@ class BrowserTest < Minitest::Test
   end
 
   private
+
+  # config/blackbuck.rb of the streams tests: `streams` on, one worker with one app thread (a
+  # command's -w wins over `workers`), the status listener on port stats.
+  def write_streams_config(stats)
+    File.write(@app.path("config/blackbuck.rb"), <<~RUBY)
+      workers 1
+      threads 1
+      streams true
+      stats_listen "127.0.0.1:#{stats}"
+    RUBY
+  end
+
+  # The stream page (StreamsController) on base in the browser: Turbo appends the events of its
+  # ActionController::Live stream as they come. While it is open, another browser loads a plain page
+  # of the app (the layout, its assets, a query) from the same worker and thread, and /status counts
+  # the open stream; events still come after that page has loaded. Then the suite tells the stream
+  # to end (tmp/streams/TOKEN.end): its last event arrives, every event before it did, and the
+  # browser saw the response end whole (not an error) and opened it once (the last event's `retry`
+  # keeps the EventSource from opening it again within the test); /status counts no stream.
+  # Without `streams` the plain page waits behind the stream, which ends only when told: it fails.
+  def check_stream(server, base, stats)
+    token = SecureRandom.hex(8)
+    FileUtils.mkdir_p(@app.path("tmp/streams"))
+    other = Chromium.new(Dir.mktmpdir("other", @run)) # started first: the stream stays open only as long as needed
+    @stoppable << other
+    @browser.visit("#{base}/stream?token=#{token}")
+    events = -> { @browser.page.css("#events li.event").size }
+    @browser.wait_for("the stream's Turbo Streams appended to the page", STREAM_BOUND) { events.call >= 2 }
+
+    begin
+      other.visit("#{base}/stream/plain?token=#{token}")
+    rescue Ferrum::Error, RuntimeError => e # Ferrum's timeout, or Chromium#visit's wait for the load event
+      flunk "a plain page did not load while the stream was open (#{e.class}: #{e.message.lines.first.strip}); " \
+            "the stream page had #{events.call} events"
+    end
+    assert_empty other.failed_requests, "every request of the plain page is answered while the stream is open"
+    assert other.js("[...document.styleSheets].some(s => /\\/assets\\/application[-.][^/]*css$/.test(s.href || ''))"),
+           "the plain page's stylesheet is applied"
+    assert_equal "fiber", other.text("#isolation"), "the app runs with isolation_level :fiber"
+    refute @browser.page.at_css("#stream-end"), "the stream is still open when the plain page has loaded"
+    loaded_at = events.call
+    @browser.wait_for("events after the plain page loaded", STREAM_BOUND) { events.call > loaded_at }
+    # (polled: the worker is busy for the moments its stream's body runs, between two waits)
+    server.wait_for("/status: the one worker idle, with its open stream", STREAM_BOUND) do
+      status_at(stats)["workers"].map { |w| [w["state"], w["streams"]] } == [["idle", 1]]
+    end
+
+    File.write(@app.path("tmp/streams/#{token}.end"), "")
+    last = @browser.wait_for("the stream's last event", STREAM_BOUND) { @browser.page.at_css("#stream-end")&.text }
+    sent = Integer(last[/\Atold to end after (\d+) events\z/, 1] || flunk("the stream's last event: #{last.inspect}"))
+    @browser.wait_for("all #{sent} events on the page") { events.call == sent }
+    assert_equal (1..sent).map { |i| "event #{i}" }, @browser.page.css("#events li.event").map { |li| li.text[/\Aevent \d+/] },
+                 "every event, in order"
+    streams = @browser.page.network.traffic.select { |ex| ex.request&.url&.include?("/stream/events") }
+    assert_equal 1, streams.size, "the page opened the stream once"
+    ex = @browser.wait_for("the end of the stream's response in the browser", STREAM_BOUND) { streams.first if streams.first.finished? }
+    assert_nil ex.error&.error_text, "the stream's response ended whole (its last chunk), not with an error"
+    assert_equal [200, "text/event-stream"], [ex.response.status, ex.response.content_type]
+    server.wait_for("/status counts no stream once it ended", STREAM_BOUND) do
+      status_at(stats)["workers"].map { |w| w["streams"] } == [0]
+    end
+  end
 
   # config/blackbuck.rb: DEPLOY.md's "Memory" examples, the warm-up's (with this app's paths and
   # model for the doc's /posts and Menu) and the reforking one, as written; after `before` if given.

@@ -6,9 +6,11 @@ require "yaml"
 
 # A Rails app made at test time the way a user makes one: `rails new` with its defaults, bundled
 # (--local) from the suite's own gem directory (bin/setup installs gemfiles/browser.gemfile there
-# for Ruby 3.1, gemfiles/browser8.gemfile for Ruby >= 3.2), then only a scaffold, a channel, a job
-# and a page with a download and a job button (fixtures/) added, and readied for production as a
-# deploy does (database prepared, assets precompiled). Nothing generated is kept in git.
+# for Ruby 3.1, gemfiles/browser8.gemfile for Ruby >= 3.2), then only a scaffold, a channel, a job,
+# a page with a download and a job button, and an ActionController::Live stream of Turbo Streams
+# with its pages (fixtures/) added, Active Support's isolation level taken from ISOLATION_LEVEL
+# when set, and readied for production as a deploy does (database prepared, assets precompiled).
+# Nothing generated is kept in git.
 # The Rails version is the suite's (the gemfile rake test:browser chose):
 # - Rails 7.2: importmap, Turbo, Stimulus, Sprockets, SQLite; Action Cable's production adapter is
 #   Redis (cable.yml as generated, REDIS_URL from the suite's redis-server), so the Gemfile's
@@ -120,7 +122,13 @@ class GeneratedApp
       FileUtils.cp(src, path(rel))
     end
     edit("config/routes.rb", /^Rails\.application\.routes\.draw do\n/) do |m|
-      %(#{m}  get "demo" => "demo#show"\n  get "download" => "demo#download"\n  post "demo/job" => "demo#job"\n)
+      %(#{m}  get "demo" => "demo#show"\n  get "download" => "demo#download"\n  post "demo/job" => "demo#job"\n) +
+        %(  get "stream" => "streams#show"\n  get "stream/events" => "streams#events"\n  get "stream/plain" => "streams#plain"\n)
+    end
+    # docs/CONFIGURATION.md, streams: "a Rails app that turns it on sets isolation_level = :fiber".
+    # The suite's streams tests do (ISOLATION_LEVEL=fiber); the others run the app as generated.
+    edit("config/application.rb", /^    config\.load_defaults [\d.]+\n/) do |m|
+      %(#{m}    config.active_support.isolation_level = ENV["ISOLATION_LEVEL"].to_sym if ENV["ISOLATION_LEVEL"]\n)
     end
     data = Random.new(22).bytes(DOWNLOAD_BYTES)
     File.binwrite(path("storage/download.bin"), data)
