@@ -199,7 +199,7 @@ static VALUE conn_fill(VALUE self, VALUE woke_at)
     if (room == 0) rb_raise(rb_eRuntimeError, "[BUG] connection buffer full: take the body before filling");
     if (room > BB_READ_CHUNK) room = BB_READ_CHUNK;
     for (;;) {
-        n = read(c->fd, c->buf + c->len, room);
+        n = recv(c->fd, c->buf + c->len, room, 0); /* (a socket: recv skips read's VFS layers) */
         if (n >= 0) break;
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return Qnil;
