@@ -239,7 +239,8 @@ class StreamsTest < Minitest::Test
     full = BlackbuckBench.parse_options([], env: {})
     step = Plan.build(full).find { |s| s.workload.streams? }
     # on 3.1: no Falcon run is possible (absent when it runs) and no M:N Puma
-    assert_equal %w[blackbuck blackbuck-streams unicorn puma8-2x5 pitchfork iodine-2x1 falcon].sort, step.servers.sort
+    assert_equal %w[blackbuck blackbuck-streams blackbuck-streams-2x5 unicorn puma8-2x5 pitchfork iodine-2x1 falcon].sort,
+                 step.servers.sort
     assert_equal [2, 20, 2.0], [step.workers, step.connections, step.duration]
     refute(Plan.build(full).any? { |s| !s.workload.streams? && s.servers.any? { |n| n.start_with?("blackbuck-streams", "puma8-2x32") } })
     quick = BlackbuckBench.parse_options(%w[--quick], env: {})
@@ -251,8 +252,8 @@ class StreamsTest < Minitest::Test
   def test_on_34_the_yjit_twins_and_puma_on_mn_threads
     opts = BlackbuckBench.parse_options(%w[--only streams], env: {}).merge(server_ruby: RUBY_34)
     servers = Plan.build(opts).first.servers
-    assert_equal %w[blackbuck+yjit blackbuck-streams+yjit falcon+yjit puma8-2x5+yjit puma8-2x32-mn+yjit unicorn+yjit
-                    pitchfork+yjit iodine-2x1+yjit].sort, servers.sort
+    assert_equal %w[blackbuck+yjit blackbuck-streams+yjit blackbuck-streams-2x5+yjit falcon+yjit puma8-2x5+yjit
+                    puma8-2x32-mn+yjit unicorn+yjit pitchfork+yjit iodine-2x1+yjit].sort, servers.sort
     with_server_ruby(RUBY_34) do
       assert_equal({ "RUBY_MN_THREADS" => "1", "RUBY_YJIT_ENABLE" => "1" }, Servers.fetch("puma8-2x32-mn+yjit").env)
       assert_equal "streams", Servers.fetch("blackbuck-streams+yjit").only

@@ -389,6 +389,10 @@ module BlackbuckBench
       blackbuck("blackbuck-streams",
                 "blackbuck as above with --streams (issue 35: a waiting stream body runs on a fiber); only on the streams workload",
                 "--streams", only: "streams"),
+      blackbuck("blackbuck-streams-2x5",
+                "blackbuck as above with --streams --threads #{PUMA_MANY_THREADS} (issue 35, step 2: app threads hand " \
+                "their streams to the loop); only on the streams workload",
+                "--streams", "--threads", PUMA_MANY_THREADS.to_s, only: "streams"),
       blackbuck_threads("blackbuck-2x2", 2, "like Puma 8 with 2 threads"),
       blackbuck_threads("blackbuck-2x5", PUMA_MANY_THREADS, "like Puma 8 and Iodine 2x5"),
       blackbuck("blackbuck-base", "BENCH_BASE's blackbuck (another version), defaults", variant: true, root: BASE_ROOT),

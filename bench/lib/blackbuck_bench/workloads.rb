@@ -81,7 +81,7 @@ module BlackbuckBench
   STREAMS_FAST_S = STREAMS_SHAPE.stream_s - STREAMS_SHAPE.ramp_s
   # Blackbuck with and without --streams, and the peers issue 35 names: Falcon (a fiber per
   # request), Puma 8 with 5 threads and with 32 on M:N threads, Unicorn, Pitchfork, Iodine
-  STREAMS_ROWS = %w[blackbuck blackbuck-streams falcon puma8-2x5 puma8-2x32-mn unicorn pitchfork iodine-2x1].freeze
+  STREAMS_ROWS = %w[blackbuck blackbuck-streams blackbuck-streams-2x5 falcon puma8-2x5 puma8-2x32-mn unicorn pitchfork iodine-2x1].freeze
   STREAMS_WORKLOAD = Workload.new(name: "streams", app: "streams", cells: [%w[tcp keepalive]], quick_cells: [], workers: 2,
                                   connections: STREAMS_FAST_CONNECTIONS, duration: STREAMS_FAST_S, rows: STREAMS_ROWS,
                                   streams: STREAMS_SHAPE,
