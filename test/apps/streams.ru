@@ -4,7 +4,7 @@
 # run with --workers 1. State the tests wait for is in this process (one worker): the gate the
 # streams' last event waits behind, and the bodies closed.
 #
-#   GET /sse?n=N&gap=S            N events S seconds apart (sleep)
+#   GET /sse?n=N&gap=S            N events S seconds apart (sleep); &late=1: the first waits for /release
 #   GET /release                  opens the gate: with &gated=1, the last part of /sse, /live and /call
 #                                 (and /raise's raise) waits for it (polling it with sleep)
 #   GET /live?n=N                 ActionController::Live's shape: a thread pushes N events into a Queue
@@ -60,6 +60,7 @@ run(lambda do |env|
     [200, SSE, Events.new do |&y|
       (1..n).each do |i|
         gate(i == n, q["gated"], gap) if i > 1
+        gate(true, true, gap) if i == 1 && q["late"] # (the first part waits for /release)
         y.call("data: #{i}\n\n")
       end
     end]

@@ -221,6 +221,19 @@ class StreamsTest < ServerTest
     assert_equal "hello\n", res&.body, "the next request on the stream's connection, served by the fresh worker"
   end
 
+  # A body that waits before its first part sends its head at that first wait: the client (an
+  # EventSource) sees the response open, and a proxy's idle timer restarts, before the first event.
+  def test_a_body_that_waits_before_its_first_part_sends_its_head_then
+    stream = open_stream("/sse?n=2&gap=0.01&late=1").until("\r\n\r\n")
+    assert_match(%r{\AHTTP/1\.1 200 OK\r\n.*text/event-stream}m, stream.data)
+    refute_includes stream.data, "data:", "the head came before any event"
+    plain_get("/release")
+    stream.until(LAST_CHUNK)
+    assert_equal "data: 1\n\ndata: 2\n\n", dechunk(stream.data.split("\r\n\r\n", 2)[1])
+  ensure
+    stream&.io&.close
+  end
+
   def test_keep_alive_after_a_stream
     stream = open_stream("/sse?n=3&gap=0.01&gated=1").until("data: 2\n\n")
     assert_equal "hello\n", plain_get.body

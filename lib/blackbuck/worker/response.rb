@@ -377,8 +377,10 @@ module Blackbuck
     # sent. Yields how far it got: :each (the body runs, nothing sent), :head (the head is being
     # written), :sent (the head is out). The write mode (WRITE_FAILED: the client is gone). On a
     # stream's fiber (@streams): a part past the high-water mark waits for the client (Streams#wrote),
-    # and a stop (StreamStop, raised where the body waits) ends the body: the head if it was not out,
-    # then the last chunk.
+    # a body that waits before its first part sends its head when it first waits (a client's
+    # EventSource opens, a proxy's idle timer restarts: Streams#on_first_wait; a failure after that
+    # can only cut the body), and a stop (StreamStop, raised where the body waits) ends the body: the
+    # head if it was not out, then the last chunk.
     def stream_each(conn, status, headers, body)
       mode = nil
       head = lambda do
@@ -387,11 +389,18 @@ module Blackbuck
         yield :sent
         streaming?(mode)
       end
+      # true when the head is out (sent now if it was not) and the body's parts may follow it
+      body_follows = -> { mode.nil? ? head.call : streaming?(mode) }
       yield :each
       streams = @streams
+      streams&.on_first_wait(conn) do
+        head.call if mode.nil?
+      rescue StandardError
+        nil # (headers write_response refuses: nothing was sent, and the first part meets it again)
+      end
       begin
         body.each do |part|
-          return mode if mode.nil? && !head.call
+          return mode unless body_follows.call
 
           conn.write_part(part, mode == Native::Conn::STREAM_CHUNKED) || raise(CLOSED)
           streams&.wrote(conn)
@@ -399,7 +408,7 @@ module Blackbuck
       rescue StreamStop
         raise unless streams
       end
-      return mode if mode.nil? && !head.call
+      return mode unless body_follows.call
 
       conn.finish_body(mode == Native::Conn::STREAM_CHUNKED) || raise(CLOSED)
       Native::Conn::WRITE_DONE

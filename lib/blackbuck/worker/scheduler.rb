@@ -24,7 +24,9 @@ module Blackbuck
   # value the hook returns (an Exception is raised where the fiber waits: #resume).
   #
   # hooks: an object with before(fiber) and after(fiber), called around every run of a fiber the
-  # loop resumes (Streams: the request clock, the end of a stream), or nil.
+  # loop resumes (Streams: the request clock, the end of a stream), and, if it has one,
+  # suspending(fiber), called on the fiber as it is about to wait (Streams: a stream's head goes out
+  # at its first wait), as this scheduler's own code; or nil.
   #
   # The master's request-timeout notice (USR2) is raised from a trap, wherever the loop's thread is
   # then. It belongs in the app's code only: #interruptible? says whether it may be raised now. Not in
@@ -53,6 +55,7 @@ module Blackbuck
     def initialize(poller, hooks = nil)
       @poller = poller
       @hooks = hooks
+      @suspending = hooks.respond_to?(:suspending) # (hooks.suspending before each wait)
       @loop = Fiber.current # the fiber that resumes the others (the worker's loop; a test's own)
       @timers = []
       @seq = 0
@@ -389,6 +392,7 @@ module Blackbuck
         cancel(wait)
         raise error.exception
       end
+      @hooks.suspending(wait.fiber) if @suspending
       @waits[wait.fiber] = wait
       value = @loop.transfer
       raise value if value.is_a?(Exception)

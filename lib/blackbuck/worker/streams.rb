@@ -37,8 +37,9 @@ module Blackbuck
 
     # One open stream. finish: Response's callable for the end (body.close, rack.response_finished);
     # method, path: what the scoreboard shows while its fiber runs; draining: it waits for its client;
-    # mode: what the fiber answered when it ended (a Response mode).
-    Open = Struct.new(:conn, :fiber, :method, :path, :finish, :draining, :mode)
+    # mode: what the fiber answered when it ended (a Response mode); first_wait: what runs when the
+    # body first waits (Response: its head goes out then, if no part did), or nil.
+    Open = Struct.new(:conn, :fiber, :method, :path, :finish, :draining, :mode, :first_wait)
 
     IN = Native::Poller::IN
     ERR = Native::Poller::ERR
@@ -122,6 +123,13 @@ module Blackbuck
       @by_fd.fetch(conn.fd).finish = finish
     end
 
+    # What runs on conn's stream fiber when its body first waits (Response#stream_each: the head, if
+    # no part took it out yet), from the fiber that runs the body.
+    def on_first_wait(conn, &block)
+      open = @by_fd[conn.fd]
+      open.first_wait = block if open && Fiber.current.equal?(open.fiber)
+    end
+
     # A part was written to conn (Response): past STREAM_HIGH_WATER, its fiber waits for the client.
     # Raises Response::CLOSED when the client is gone meanwhile.
     def wrote(conn)
@@ -158,7 +166,16 @@ module Blackbuck
       end
     end
 
-    # ---- the scheduler's hooks (Scheduler#run's before and after) ----
+    # ---- the scheduler's hooks (Scheduler#run's before and after; #suspending) ----
+
+    # A stream's fiber is about to wait (on itself, as the scheduler's own code): what it asked to run
+    # at its first wait runs now (#on_first_wait).
+    def suspending(fiber)
+      return unless (open = @by_fiber[fiber]) && (first = open.first_wait)
+
+      open.first_wait = nil
+      first.call
+    end
 
     def before(fiber)
       return unless (open = @by_fiber[fiber])
