@@ -97,7 +97,7 @@ end
 # from the "listening on" log lines, so there are no port races. Its log is printed when a
 # test fails.
 class ServerProcess < ChildProcess
-  attr_reader :addrs, :dir
+  attr_reader :addrs, :dir, :workers
 
   # BLACKBUCK_TEST_THREADS=N (rake test:threads): every server runs its app on N threads, unless
   # the test sets --threads itself.

@@ -25,12 +25,14 @@ class ReforkTest < ServerTest
     [Integer(res.body[/pid=(\d+)/, 1]), Integer(res.body[/built_by=(\d+)/, 1]), res["connection"] == "close"]
   end
 
-  # Until generation `gen` has a mold and every worker is of that generation and serves (idle or busy:
-  # not starting, and not the worker that forked a replacement mold on its way out).
+  # Until generation `gen` has a mold and all the server's workers are of that generation and serve
+  # (idle or busy: not starting, and not the worker that forked a replacement mold on its way out).
+  # All of them: between a worker's exit and its replacement's fork the table has one fewer (CI11
+  # caught the status of that moment, 2 workers of 3).
   def wait_for_generation(server, gen, timeout = 60)
     wait_for(timeout, "every worker of refork generation #{gen}") do
       s = status(server)
-      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
+      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") && s["workers"].size == server.workers &&
            s["workers"].all? { |w| w["generation"] == gen && %w[idle busy].include?(w["state"]) }
     end
   end
