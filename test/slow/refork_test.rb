@@ -83,7 +83,8 @@ class ReforkTest < ServerTest
     wait_for(60, "a refork") do
       fresh_gets(server, 1)
       s = status(server)
-      s["refork"]["generation"] == 1 && s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
+      s["refork"]["generation"] == 1 && s["workers"].size == server.workers &&
+        s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
     end
     after = idle.map do |io|
       warm_get(io).first
@@ -185,7 +186,8 @@ class ReforkTest < ServerTest
       assert_equal 200, request(io, "GET", "/").status
       io.close
       s = status(server)
-      s.dig("refork", "generation") == 1 && s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
+      s.dig("refork", "generation") == 1 && s["workers"].size == server.workers &&
+        s["workers"].all? { |w| w["generation"] == 1 && w["state"] != "starting" }
     end
     assert_match(/mold \(pid \d+\) ready.*; closed its copies of 1 connections the app took over/, server.log)
     wait_for(30, "the worker that forked the mold gone") { !alive?(holder) }
@@ -341,7 +343,7 @@ class ReforkTest < ServerTest
     wait_for(60, "refork generation #{gen}") do
       fresh_gets(server, 1)
       s = status(server)
-      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") &&
+      s if s.dig("refork", "generation") == gen && s.dig("refork", "mold") && s["workers"].size == server.workers &&
            s["workers"].all? { |w| w["generation"] == gen && %w[idle busy].include?(w["state"]) }
     end
   end
