@@ -47,7 +47,7 @@ module TestMatrix
     Lane.new("3.4", "primary: every suite",
              [step("compile"), step("compile:warnings"), step("test", DEPRECATIONS), step("test:deprecations"), step("test:slow"), step("test:hardening"), step("test:faults"),
               step("test:rack2"), step("test:rails"), step("test:browser"), step("test:cluster"), step("test:poll"),
-              step("test:threads", MN), step("test:streams", MN), step("c:test"), step("loadgen:test"), step("fuzz:quick")],
+              step("test:threads", MN), step("c:test"), step("loadgen:test"), step("fuzz:quick")],
              [["Gemfile", nil], ["gemfiles/rack2.gemfile", nil], ["gemfiles/rails7.gemfile", nil], ["gemfiles/rails8.gemfile", nil],
               # `bundle clean` after: the generated app resolves `bundle install --local` from this
               # directory, so only what the lockfile names may be there (another version would be its choice)
