@@ -282,6 +282,17 @@ class StreamsFaultTest < FaultTest
   # TERM: each worker lets its streams run until graceful_timeout, then ends each (StreamStop where its
   # body waits): the client reads the last chunk and then the connection's end, not a reset. The master
   # exits 0 without killing a worker, and no process of the server is left.
+  # Every held stream ends within `timeout`: a close (not a reset) after its last chunk, with the
+  # events it had before the stop and no more.
+  def all_ended_whole(clients, what, timeout)
+    pump(clients, what, timeout: timeout) { clients.all?(&:ended) }
+    assert_equal [:eof], clients.map(&:ended).uniq, "each stream ended with a close, not a reset"
+    clients.each do |c|
+      assert c.last_chunk?, "the last chunk came: #{c.data[-40..].inspect}"
+      assert_equal (1..PRE).to_a, c.events
+    end
+  end
+
   def test_term_with_1000_open_streams_ends_each_with_its_last_chunk
     server = start(GRACEFUL)
     pids = server.worker_pids
@@ -291,12 +302,7 @@ class StreamsFaultTest < FaultTest
 
     term = now
     server.signal(:TERM)
-    pump(clients, "every stream ended", timeout: GRACEFUL + STOP_MARGIN) { clients.all?(&:ended) }
-    assert_equal [:eof], clients.map(&:ended).uniq, "each stream ended with a close, not a reset"
-    clients.each do |c|
-      assert c.last_chunk?, "the last chunk came: #{c.data[-40..].inspect}"
-      assert_equal (1..PRE).to_a, c.events
-    end
+    all_ended_whole(clients, "every stream ended", GRACEFUL + STOP_MARGIN)
     first, last = clients.map { |c| c.ended_at - term }.minmax
     assert_operator first, :>=, GRACEFUL, "the streams ran until graceful_timeout"
     assert_operator last, :<=, GRACEFUL + STOP_MARGIN
@@ -329,12 +335,7 @@ class StreamsFaultTest < FaultTest
     news.each { |c| assert_equal (1..PRE + POST).to_a, c.events }
     assert_empty news.map(&:pid) - fresh, "the new streams were the new workers'"
 
-    pump(clients, "every old stream ended", timeout: HUP_GRACEFUL + STOP_MARGIN) { clients.all?(&:ended) }
-    assert_equal [:eof], clients.map(&:ended).uniq, "each old stream ended with a close, not a reset"
-    clients.each do |c|
-      assert c.last_chunk?, "the last chunk came: #{c.data[-40..].inspect}"
-      assert_equal (1..PRE).to_a, c.events
-    end
+    all_ended_whole(clients, "every old stream ended", HUP_GRACEFUL + STOP_MARGIN)
     # (the master tells the old workers to stop before it logs the handover the test waited for)
     assert_operator clients.map { |c| c.ended_at - handed_over }.min, :>=, HUP_GRACEFUL - 0.5,
                     "the old streams ran until graceful_timeout"
